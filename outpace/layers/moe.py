@@ -78,7 +78,7 @@ from outpace.distributed.group import (
     build_group,
     building_in,
 )
-from outpace.distributed.sharding import Shard, ShardingError, mark_shard
+from outpace.distributed.sharding import Shard, ShardingError, mark_shard, split_evenly
 from outpace.layers.activation import ACTIVATIONS, act_and_mul
 from outpace.layers.linear import project
 from outpace.layers.quant.experts import (
@@ -644,6 +644,25 @@ class RoutedExperts(nn.Module):
                     expert.gate_up.weight = gate_up[e]
         self._stacks = (gate_up[:, :inter] if gated else None, gate_up[:, -inter:], down)
         return self._stacks
+
+
+def stacked_experts(
+    activation: str, num_experts: int, hidden_size: int, intermediate_size: int
+) -> RoutedExperts:
+    """Routed experts as checkpoints that stack them hold them (transformers' fused experts, e.g.
+    Qwen3VLMoeTextExperts, Mistral4Experts): ``gate_up_proj`` [experts, 2 * inter, hidden] (gate rows first)
+    and ``down_proj`` [experts, hidden, inter], or both transposed, as some hub checkpoints store them (read
+    either way: checkpoint.py ``checkpoint_swap``). Under tensor parallelism each rank holds inter / size of
+    every expert's gate and up rows and the matching columns of down."""
+    rows = expert_rows_group()
+    size = split_evenly(intermediate_size, rows.size, "moe_intermediate_size")
+    experts = RoutedExperts(ExpertActivation(activation), stacked=(num_experts, hidden_size, size))
+    if rows.size > 1:
+        first = rows.rank * size
+        mark_shard(experts.gate_up_proj, Shard(1, first, size, 2 * intermediate_size, blocks=2))
+        mark_shard(experts.down_proj, Shard(2, first, size, intermediate_size))
+    experts.gate_up_proj.checkpoint_swap = experts.down_proj.checkpoint_swap = (1, 2)
+    return experts
 
 
 @dataclass(frozen=True)

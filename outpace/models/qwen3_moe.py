@@ -20,15 +20,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from outpace.distributed.sharding import Shard, mark_shard, split_evenly
 from outpace.layers.decoder import GatedMLP
-from outpace.layers.moe import (
-    ExpertActivation,
-    MoE,
-    RoutedExperts,
-    Routing,
-    expert_rows_group,
-)
+from outpace.layers.moe import MoE, Routing, stacked_experts
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
 from outpace.models.mixture_stack import (
@@ -84,26 +77,6 @@ class Qwen3MoeConfig:
         )
 
 
-def stacked_experts(cfg: ModelConfig, moe: Qwen3MoeConfig) -> RoutedExperts:
-    """Qwen3-VL-MoE's routed experts as its checkpoints stack them (transformers Qwen3VLMoeTextExperts): packed
-    ``gate_up_proj`` [experts, 2 * inter, hidden] (gate rows first) and ``down_proj`` [experts, hidden, inter],
-    or, as the hub's checkpoints store them (transformers' conversion_mapping transposes them when the shapes
-    say so), [experts, hidden, 2 * inter] and [experts, inter, hidden]: read either way (checkpoint.py
-    ``checkpoint_swap``). Under tensor parallelism each rank holds inter / size of every expert's gate and up
-    rows and the matching columns of down (as models/gemma4.py's Gemma4Experts)."""
-    rows, full = expert_rows_group(), moe.moe_intermediate_size
-    size = split_evenly(full, rows.size, "moe_intermediate_size")
-    experts = RoutedExperts(
-        ExpertActivation(cfg.hidden_act), stacked=(moe.routing.num_experts, cfg.hidden_size, size)
-    )
-    if rows.size > 1:
-        first = rows.rank * size
-        mark_shard(experts.gate_up_proj, Shard(1, first, size, 2 * full, blocks=2))
-        mark_shard(experts.down_proj, Shard(2, first, size, full))
-    experts.gate_up_proj.checkpoint_swap = experts.down_proj.checkpoint_swap = (1, 2)
-    return experts
-
-
 class Qwen3MoeForCausalLM(MixtureStack, Qwen3ForCausalLM):
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
@@ -121,7 +94,16 @@ class Qwen3MoeForCausalLM(MixtureStack, Qwen3ForCausalLM):
             def mlp(size: int, bias: bool, **shard) -> GatedMLP:
                 return GatedMLP(cfg.hidden_size, size, cfg.hidden_act, bias, **shard)
 
-            experts = stacked_experts(cfg, moe) if moe.stacked else None
+            experts = (
+                stacked_experts(
+                    cfg.hidden_act,
+                    moe.routing.num_experts,
+                    cfg.hidden_size,
+                    moe.moe_intermediate_size,
+                )
+                if moe.stacked
+                else None
+            )
             return MoE(
                 cfg.hidden_size, moe.routing, moe.moe_intermediate_size, 0, mlp, experts=experts
             )
