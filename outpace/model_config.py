@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from outpace.layers.quant.scheme import QuantScheme, parse_quantization_config, read_quant_scheme
-from outpace.registry import MODELS, model_class
+from outpace.registry import MODELS, TEXT_MODEL_VARIANTS, model_class
 from outpace.validation import (
     INT64_MAX,
     ConfigError,
@@ -206,7 +206,8 @@ class ModelConfig:
 
 
 def _architecture(fields: ConfigFields) -> str:
-    """The first of ``architectures`` (else ``model_type``), one the registry knows."""
+    """The first of ``architectures`` (else ``model_type``), one the registry knows; for a multimodal one whose
+    text model follows text_config's model_type, the registry's name of that pairing (``TEXT_MODEL_VARIANTS``)."""
     archs = fields.get("architectures") or [fields.string("model_type", "<missing>")]
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise fields.fail("architectures", archs, "a list of class names")
@@ -215,7 +216,9 @@ def _architecture(fields: ConfigFields) -> str:
             f"{fields.source}: architecture {archs[0]!r} is not supported: must be one of "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    return archs[0]
+    text = fields.get("text_config")
+    text_type = text.get("model_type") if isinstance(text, dict) else None
+    return TEXT_MODEL_VARIANTS.get((archs[0], text_type), archs[0])
 
 
 def _rope_parameters(fields: ConfigFields) -> ConfigFields | None:

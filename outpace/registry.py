@@ -15,6 +15,10 @@ MODELS = {
     # multi-head latent attention, mixture of experts
     "DeepseekV2ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
     "DeepseekV3ForCausalLM": "outpace.models.deepseek:DeepseekForCausalLM",
+    # Mistral Small 4's text model: DeepSeek-V3's layers, a softmax router, the query scaled by position
+    "Mistral4ForCausalLM": "outpace.models.deepseek:Mistral4ForCausalLM",
+    # ... and Mistral Small 4's published checkpoint: a Mistral3ForConditionalGeneration over it (TEXT_MODEL_VARIANTS)
+    "Mistral3ForConditionalGeneration/mistral4": "outpace.models.deepseek:Mistral4TextForCausalLM",
     # Kimi-K2.5 / K2.6 (multimodal): their DeepSeek-V3 text model
     "KimiK25ForConditionalGeneration": "outpace.models.deepseek:KimiK25ForCausalLM",
     "Kimi_K25ForConditionalGeneration": "outpace.models.deepseek:KimiK25ForCausalLM",
@@ -45,6 +49,13 @@ MODELS = {
     "Qwen3_5ForConditionalGeneration": "outpace.models.qwen3_next:Qwen35TextForCausalLM",
     "Qwen3_5MoeForConditionalGeneration": "outpace.models.qwen3_next:Qwen35TextForCausalLM",
     "NemotronHForCausalLM": "outpace.models.nemotron_h:NemotronHForCausalLM",
+}
+
+
+# A multimodal architecture whose text model follows its text_config's model_type: (architecture, model_type) -> the
+# name MODELS knows that pairing by (model_config.py ``_architecture``); any other pairing keeps the architecture's.
+TEXT_MODEL_VARIANTS = {
+    ("Mistral3ForConditionalGeneration", "mistral4"): "Mistral3ForConditionalGeneration/mistral4",
 }
 
 

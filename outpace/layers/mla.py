@@ -179,6 +179,8 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         q_pe, k_pe = self.rotary(
             positions, q_pe, k_pe.unsqueeze(1)
         )  # [n, heads, rope], [n, 1, rope]
+        # a query scale by position (Mistral 4) multiplies the whole query: the rotary scaled q_pe
+        q_nope = self.rotary.scale_queries(q_nope, positions)
         rows = torch.cat(
             (self.kv_a_layernorm(latent).unsqueeze(1), k_pe), dim=-1
         )  # [n, 1, r + rope]
@@ -225,6 +227,8 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and all(fused_weight_format(p, x.dtype) for p in self.fused_projections())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()
+            # the fused kernels rotate by the tables alone: no query scale by position (Mistral 4)
+            and self.rotary.query_scale is None
             # the norm's weight, in the model's dtype: the rows' dtype checked against it
             and fusable_rows(x, self.kv_a_layernorm.weight)
         )

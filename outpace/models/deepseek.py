@@ -44,7 +44,7 @@ from outpace.layers import fused_decoder
 from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
-from outpace.layers.moe import MoE, Routing, takes_normed_rows
+from outpace.layers.moe import MoE, Routing, stacked_experts, takes_normed_rows
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
 from outpace.model_config import ModelConfig
@@ -56,6 +56,11 @@ from outpace.models.multimodal import TextOfMultimodal, llava_text_name
 from outpace.validation import ConfigFields, require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
+# Mistral Small 4 (transformers' mistral4, mistralai/Mistral-Small-4-119B-2603): DeepSeek-V3's layers (MLA, a MoE
+# block with shared experts from first_k_dense_replace on) with a softmax router limited to groups scored by their
+# two best experts and no correction bias (transformers Mistral4TopkRouter), the experts stacked as transformers
+# writes them (Mistral4Experts), and Ministral 3's query scale by position on MLA's whole query (Mistral4Attention)
+MISTRAL4 = "Mistral4ForCausalLM"
 # Kimi-K2.5 / K2.6's multimodal checkpoints (their hub name, and transformers' kimi_k25 class): a DeepSeek-V3 text
 # model (text_config model_type kimi_k2 or deepseek_v3) under ``language_model.`` (``language_model.model.*``,
 # ``language_model.lm_head``: the source patterns of transformers' conversion_mapping for kimi_k25) beside a
@@ -63,8 +68,15 @@ V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 KIMI_K25 = ("KimiK25ForConditionalGeneration", "Kimi_K25ForConditionalGeneration")
 
 
+# Mistral Small 4's published checkpoint: Mistral3ForConditionalGeneration over the mistral4 text model (registry.py
+# TEXT_MODEL_VARIANTS), its tensors under ``language_model.`` beside a Pixtral tower and projector
+MISTRAL3_OVER_4 = "Mistral3ForConditionalGeneration/mistral4"
+
+
 def version(architecture: str) -> str:
-    """The DeepSeek version whose semantics an architecture's text model has: V2 or V3."""
+    """The DeepSeek version whose semantics an architecture's text model has: V2, V3 or MISTRAL4."""
+    if architecture == MISTRAL3_OVER_4:
+        return MISTRAL4
     return V3 if architecture in KIMI_K25 else architecture
 
 
@@ -114,14 +126,50 @@ DEFAULTS = {
         attention_bias=False,
         rope_interleave=True,
     ),
+    # transformers Mistral4Config's (it has no moe_layer_freq, scoring_func or topk_method: its router is
+    # Mistral4TopkRouter's alone)
+    MISTRAL4: dict(
+        q_lora_rank=1024,
+        kv_lora_rank=256,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        n_routed_experts=128,
+        num_experts_per_tok=4,
+        moe_intermediate_size=2048,
+        n_shared_experts=1,
+        first_k_dense_replace=0,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        moe_layer_freq=1,
+        attention_bias=False,
+        rope_interleave=True,
+    ),
 }
+
+
+# Mistral4Config's rope_parameters when its config.json gives none (its __post_init__; the partial rotary factor it
+# adds is MLA's own split, checked in ``_refuse_unimplemented_mistral4``)
+MISTRAL4_ROPE = dict(
+    type="yarn",
+    rope_theta=10000.0,
+    factor=128.0,
+    original_max_position_embeddings=8192,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    mscale_all_dim=1.0,
+    mscale=1.0,
+    llama_4_scaling_beta=0.1,
+)
 
 
 @dataclass(frozen=True)
 class DeepseekConfig:
     """What a DeepSeek model reads from config.json beyond ``ModelConfig`` (``from_model_config``)."""
 
-    version: int  # 2 or 3
+    version: int  # 2, 3, or 4 (Mistral Small 4: ``MISTRAL4``)
     vocab_size: int
     hidden_size: int
     intermediate_size: int  # the dense layers' MLP
@@ -147,15 +195,19 @@ class DeepseekConfig:
     first_k_dense_replace: int
     moe_layer_freq: int
     routing: Routing | None
+    stacked_experts: (
+        bool  # the routed experts stacked (layers/moe.py ``stacked_experts``): Mistral 4's
+    )
+    query_scaling: tuple[float, int] | None  # Mistral 4's (ModelConfig.query_scaling)
 
     @classmethod
     def from_model_config(cls, cfg: ModelConfig) -> DeepseekConfig:
         arch = version(cfg.architecture)
-        raw, v3 = {**DEFAULTS[arch], **cfg.raw}, arch == V3
-        _refuse_unimplemented(raw, v3, cfg.num_attention_heads, cfg.num_key_value_heads)
+        raw, v3, mistral4 = {**DEFAULTS[arch], **cfg.raw}, arch == V3, arch == MISTRAL4
+        _refuse_unimplemented(raw, arch, cfg.num_attention_heads, cfg.num_key_value_heads)
         experts = raw["n_routed_experts"]
         return cls(
-            version=3 if v3 else 2,
+            version=4 if mistral4 else 3 if v3 else 2,
             vocab_size=cfg.vocab_size,
             hidden_size=cfg.hidden_size,
             intermediate_size=cfg.intermediate_size,
@@ -170,10 +222,9 @@ class DeepseekConfig:
             qk_rope_head_dim=raw["qk_rope_head_dim"],
             v_head_dim=raw["v_head_dim"],
             attention_bias=bool(raw["attention_bias"]),
-            mlp_bias=not v3 and bool(raw["mlp_bias"]),  # DeepseekV3MLP has no biases
-            rope_interleave=bool(raw["rope_interleave"])
-            if v3
-            else True,  # V2: apply_rotary_emb's pairs
+            # DeepseekV3MLP and Mistral4MLP have no biases
+            mlp_bias=arch == V2 and bool(raw["mlp_bias"]),
+            rope_interleave=True if arch == V2 else bool(raw["rope_interleave"]),  # V2: its pairs
             max_position_embeddings=cfg.max_position_embeddings,
             rope_theta=cfg.rope_theta,
             rope_scaling=cfg.rope_scaling,
@@ -182,7 +233,9 @@ class DeepseekConfig:
             n_shared_experts=raw["n_shared_experts"] or 0,
             first_k_dense_replace=raw["first_k_dense_replace"] or 0,
             moe_layer_freq=raw["moe_layer_freq"],
-            routing=None if experts is None else _routing(raw, v3),
+            routing=None if experts is None else _routing(raw, arch),
+            stacked_experts=mistral4,
+            query_scaling=cfg.query_scaling,
         )
 
     def is_moe_layer(self, index: int) -> bool:
@@ -218,9 +271,23 @@ class DeepseekConfig:
         return scale
 
 
-def _routing(raw: dict, v3: bool) -> Routing:
+def _routing(raw: dict, arch: str) -> Routing:
     """The router's settings (layers/moe.py) from a config with its defaults filled in; V3: sigmoid scores,
-    noaux_tc; V2: softmax, greedy or group_limited_greedy (n_group and topk_group only for the latter)."""
+    noaux_tc; V2: softmax, greedy or group_limited_greedy (n_group and topk_group only for the latter);
+    Mistral 4: softmax scores limited to the topk_group groups of the best two scores (Mistral4TopkRouter: one
+    group without n_group), the chosen scores renormalised with norm_topk_prob."""
+    v3 = arch == V3
+    if arch == MISTRAL4:
+        return Routing(
+            num_experts=raw["n_routed_experts"],
+            top_k=raw["num_experts_per_tok"],
+            scoring="softmax",
+            num_groups=raw["n_group"] or 1,
+            top_groups=raw["topk_group"] or 1,
+            group_score="top2_sum",
+            normalize=bool(raw["norm_topk_prob"]),
+            scaling=float(raw["routed_scaling_factor"]),
+        )
     grouped = v3 or raw["topk_method"] == "group_limited_greedy"
     return Routing(
         num_experts=raw["n_routed_experts"],
@@ -235,7 +302,7 @@ def _routing(raw: dict, v3: bool) -> Routing:
     )
 
 
-def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> None:
+def _refuse_unimplemented(raw: dict, arch: str, heads: int, kv_heads: int) -> None:
     """ConfigError for DeepSeek config values (``raw``: defaults filled in) that change the computation and
     that outpace does not implement (or that the references disagree on)."""
     o = "ModelConfig"
@@ -263,6 +330,10 @@ def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> Non
         q_rank is None or (isinstance(q_rank, int) and q_rank > 0),
         "None or a positive integer",
     )
+    if arch == MISTRAL4:
+        _refuse_unimplemented_mistral4(raw)
+        return
+    v3 = arch == V3
     scoring = "sigmoid" if v3 else "softmax"
     require(
         o,
@@ -296,6 +367,26 @@ def _refuse_unimplemented(raw: dict, v3: bool, heads: int, kv_heads: int) -> Non
         _check_routing(raw, v3)
 
 
+def _refuse_unimplemented_mistral4(raw: dict) -> None:
+    """Mistral 4's checks: its routing's counts and groups (as V3's, the groups scored by their two best), and
+    the partial rotary factor its config derives, qk_rope_head_dim / (qk_nope_head_dim + qk_rope_head_dim)
+    (Mistral4Config.__post_init__: MLA rotates the qk_rope_head_dim dimensions alone, whatever the factor)."""
+    if raw["n_routed_experts"] is not None:
+        _check_routing(
+            {**raw, "n_group": raw["n_group"] or 1, "topk_group": raw["topk_group"] or 1}, True
+        )
+    rope, nope = raw["qk_rope_head_dim"], raw["qk_nope_head_dim"]
+    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+    factor = params.get("partial_rotary_factor", rope / (nope + rope))
+    require(
+        "ModelConfig",
+        "rope_parameters.partial_rotary_factor",
+        factor,
+        factor == rope / (nope + rope),
+        f"qk_rope_head_dim / (qk_nope_head_dim + qk_rope_head_dim) = {rope / (nope + rope)}",
+    )
+
+
 def _check_routing(raw: dict, v3: bool) -> None:
     o = "ModelConfig"
     experts, top_k = raw["n_routed_experts"], raw["num_experts_per_tok"]
@@ -324,7 +415,7 @@ def _check_routing(raw: dict, v3: bool) -> None:
             and experts % groups == 0
             and (not v3 or experts // groups >= 2),
             f"a divisor of n_routed_experts={experts}"
-            + (" leaving >= 2 experts per group (V3 scores a group by its two best)" if v3 else ""),
+            + (" leaving >= 2 experts per group (a group is scored by its two best)" if v3 else ""),
         )
         require(
             o,
@@ -358,6 +449,14 @@ class DeepseekDecoderLayer(nn.Module):
                 cfg.n_shared_experts,
                 mlp,
                 shared_bias=cfg.mlp_bias,
+                experts=stacked_experts(
+                    cfg.hidden_act,
+                    cfg.routing.num_experts,
+                    cfg.hidden_size,
+                    cfg.moe_intermediate_size,
+                )
+                if cfg.stacked_experts
+                else None,
             )
         else:
             self.mlp = mlp(cfg.intermediate_size, cfg.mlp_bias)
@@ -428,6 +527,7 @@ class DeepseekModel(nn.Module):
             cfg.rope_theta,
             cfg.rope_scaling,
             interleaved=cfg.rope_interleave,
+            query_scaling=cfg.query_scaling,
         )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
@@ -501,4 +601,41 @@ class KimiK25ForCausalLM(TextOfMultimodal, DeepseekForCausalLM):
     ``language_model.``, the vision tower and the projector skipped."""
 
     TOWERS = ("vision_tower", "mm_projector")
+    text_name = staticmethod(llava_text_name)
+
+
+class Mistral4ForCausalLM(DeepseekForCausalLM):
+    """Mistral Small 4's text model (``MISTRAL4``): DeepSeek-V3's stack with Mistral 4's router, stacked experts
+    (``mlp.experts.gate_up_proj`` [experts, 2 * inter, hidden], ``mlp.experts.down_proj`` [experts, hidden,
+    inter]) and the query scale by position (rope_parameters' ``llama_4_scaling_beta``, layers/mla.py)."""
+
+    query_scaling = True
+    partial_rotary = (
+        True  # the factor Mistral4Config derives, checked in DeepseekConfig (MLA's own rope split)
+    )
+
+    @classmethod
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
+        values = {
+            **super().config_overrides(cfg),
+            "max_position_embeddings": cfg.integer("max_position_embeddings", 1048576),
+        }
+        if cfg.get("rope_parameters") is None and cfg.get("rope_scaling") is None:
+            # Mistral4Config.__post_init__'s rope_parameters where the file has none
+            values |= {
+                "rope_theta": MISTRAL4_ROPE["rope_theta"],
+                "rope_scaling": dict(MISTRAL4_ROPE),
+                "query_scaling": (
+                    MISTRAL4_ROPE["llama_4_scaling_beta"],
+                    MISTRAL4_ROPE["original_max_position_embeddings"],
+                ),
+            }
+        return values
+
+
+class Mistral4TextForCausalLM(TextOfMultimodal, Mistral4ForCausalLM):
+    """Mistral Small 4 as published (``MISTRAL3_OVER_4``): the text model's tensors under ``language_model.``, the
+    Pixtral vision tower and the projector skipped (as models/mistral.py's Mistral3TextForCausalLM)."""
+
+    TOWERS = ("vision_tower", "multi_modal_projector")
     text_name = staticmethod(llava_text_name)

@@ -1,0 +1,282 @@
+"""Mistral Small 4's text model (models/deepseek.py ``Mistral4ForCausalLM``) against transformers'
+Mistral4ForCausalLM on random weights (fp32, CPU): DeepSeek-V3's MLA and MoE layers with a softmax router limited
+to groups by their two best scores, stacked experts as transformers saves them, YaRN over part of each head and the
+query scaled by position past ``original_max_position_embeddings``. Prefill logits in both attention forms, greedy
+tokens batched and chunked, lossless speculation, and its config refusals by name."""
+
+import json
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from helpers.config_walk import COMMON_IRRELEVANT, built, walk_fields
+from helpers.deepseek_models import SMALL, paged_logits, randomize
+from helpers.hf_models import save_hf_model
+from outpace import LLM, SamplingParams
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_cache import bind_kv_cache
+from outpace.config import SpeculativeConfig
+from outpace.model_config import ModelConfig
+from outpace.models.loader import load_model
+from outpace.validation import ConfigError
+
+# The query scale 1 + beta * ln(1 + floor(p / 16)) grows from position 16 on: a 45-token prefill and 32 decoded
+# tokens cross 16, 32 and 48. partial_rotary_factor as Mistral4Config derives it: rope / (nope + rope) = 8 / 20.
+ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "llama_4_scaling_beta": 0.5,
+    "partial_rotary_factor": 0.4,
+}
+MISTRAL4 = dict(
+    SMALL,
+    q_lora_rank=20,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    routed_scaling_factor=1.5,
+    rope_parameters=ROPE,
+)
+
+
+def make_hf_mistral4(**overrides):
+    from transformers.models.mistral4 import Mistral4Config, Mistral4ForCausalLM
+
+    cfg = Mistral4Config(**{**MISTRAL4, **overrides})
+    model = Mistral4ForCausalLM(cfg).to(torch.float32)
+    randomize(model)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(transformers model, directory of its saved checkpoint)."""
+    hf = make_hf_mistral4()
+    return hf, save_hf_model(hf, tmp_path_factory.mktemp("mistral4"))
+
+
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def test_the_checkpoint_stacks_its_experts(checkpoint):
+    """transformers writes Mistral 4's routed experts stacked (no conversion mapping for mistral4), as the
+    published checkpoint stores them: what this file's other tests load."""
+    _, path = checkpoint
+    names = load_file(path / "model.safetensors")
+    assert names["model.layers.1.mlp.experts.gate_up_proj"].shape == (8, 2 * 24, 48)
+    assert names["model.layers.1.mlp.experts.down_proj"].shape == (8, 48, 24)
+    assert not any(".experts.0." in n for n in names)
+
+
+@pytest.mark.parametrize("expand_from", [1, 10**9], ids=["expanded", "absorbed"])
+def test_prefill_logits_match_transformers(checkpoint, expand_from):
+    hf, path = checkpoint
+    model = load_model(path, torch.float32)
+    for module in model.modules():
+        if hasattr(module, "expand_min_query_len"):
+            module.expand_min_query_len = expand_from
+    ids = torch.randint(0, SMALL["vocab_size"], (45,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
+        logits = paged_logits(model, ids)
+    assert rel_error(logits, ref) < 1e-4
+
+
+def test_the_query_scale_matters_here(checkpoint):
+    """Without the query scale transformers' own logits move past position 16 (so the tests above check it):
+    beta 0 gives the model without it."""
+    hf, _ = checkpoint
+    plain = make_hf_mistral4(rope_parameters={**ROPE, "llama_4_scaling_beta": 0.0})
+    ids = torch.randint(0, SMALL["vocab_size"], (45,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        scaled, unscaled = hf(ids[None]).logits[0], plain(ids[None]).logits[0]
+    assert torch.equal(scaled[:16], unscaled[:16])
+    assert rel_error(unscaled[16:], scaled[16:]) > 0.01
+
+
+PROMPTS = [[3, 17, 99, 150, 8, 42, 7], list(range(100, 119)), [(i * 37) % 203 for i in range(33)]]
+
+
+def hf_greedy(hf, prompts, tokens: int) -> list[list[int]]:
+    with torch.no_grad():
+        return [
+            hf.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.int64),
+                max_new_tokens=tokens,
+                min_new_tokens=tokens,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0, len(p) :].tolist()
+            for p in prompts
+        ]
+
+
+def test_greedy_tokens_match_transformers_batched_and_chunked(checkpoint):
+    hf, path = checkpoint
+    refs = hf_greedy(hf, PROMPTS, 32)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    for chunk in (2048, 16):
+        outs = LLM(
+            str(path), block_size=4, num_kv_blocks=128, max_num_batched_tokens=chunk
+        ).generate(PROMPTS, params)
+        assert [o.token_ids for o in outs] == refs, f"chunks of {chunk}"
+
+
+def test_speculation_over_mistral4_is_lossless(checkpoint):
+    """n-gram drafts verified by the Mistral 4 target (chains of 3): its greedy tokens alone."""
+    _, path = checkpoint
+    prompts = [[3, 17, 99, 150, 8, 42, 7, 3, 17, 99], [5, 6, 7, 5, 6, 7, 5]]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = [o.token_ids for o in LLM(str(path), block_size=4).generate(prompts, params)]
+    spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
+    outs = LLM(str(path), block_size=4, speculative=spec).generate(prompts, params)
+    assert [o.token_ids for o in outs] == plain
+
+
+def config(checkpoint, **changes) -> dict:
+    _, path = checkpoint
+    return {**json.loads((path / "config.json").read_text()), **changes}
+
+
+@pytest.mark.parametrize(
+    "change,field",
+    [
+        ({"rope_parameters": {**ROPE, "partial_rotary_factor": 0.5}}, "partial_rotary_factor"),
+        ({"n_group": 3}, "n_group"),
+        ({"topk_group": 5}, "topk_group"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok"),
+    ],
+)
+def test_bad_fields_are_refused_by_name(checkpoint, change, field):
+    from outpace.models.deepseek import DeepseekConfig
+
+    with pytest.raises(ConfigError, match=field):
+        DeepseekConfig.from_model_config(ModelConfig.from_dict(config(checkpoint, **change)))
+
+
+def test_a_config_without_rope_parameters_takes_mistral4s_defaults(checkpoint):
+    """Mistral4Config fills in YaRN (factor 128 over 8192 positions) and the query scale (beta 0.1 over 8192)
+    where config.json gives no rope_parameters: the same here."""
+    cfg = config(checkpoint)
+    del cfg["rope_parameters"]
+    ours = ModelConfig.from_dict(cfg)
+    theirs = transformers.models.mistral4.Mistral4Config(
+        **{k: v for k, v in cfg.items() if k != "architectures"}
+    ).rope_parameters
+    assert ours.rope_theta == theirs["rope_theta"]
+    assert ours.rope_scaling["factor"] == theirs["factor"]
+    assert ours.rope_scaling["original_max_position_embeddings"] == 8192
+    assert ours.query_scaling == (theirs["llama_4_scaling_beta"], 8192)
+
+
+def test_the_published_multimodal_layout_serves_its_mistral4_text_model(checkpoint, tmp_path):
+    """Mistral Small 4 ships as a Mistral3ForConditionalGeneration whose text_config is mistral4: saved by
+    transformers with the same text weights (under ``language_model.``, beside a Pixtral tower and projector),
+    it serves the Mistral 4 text model: the same prefill logits as transformers' text model."""
+    hf, _ = checkpoint
+    vision = dict(
+        model_type="pixtral",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        head_dim=8,
+        image_size=32,
+        patch_size=8,
+    )
+    cfg = transformers.Mistral3Config(
+        text_config=hf.config.to_dict(), vision_config=vision, tie_word_embeddings=False
+    )
+    multimodal = transformers.Mistral3ForConditionalGeneration(cfg).eval()
+    multimodal.model.language_model.load_state_dict(hf.model.state_dict())
+    multimodal.lm_head.load_state_dict(hf.lm_head.state_dict())
+    path = save_hf_model(multimodal, tmp_path / "mistral3")
+    assert json.loads((path / "config.json").read_text())["text_config"]["model_type"] == "mistral4"
+    model = load_model(path, torch.float32)
+    assert model.deepseek_config.version == 4
+    ids = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
+        logits = paged_logits(model, ids)
+    assert rel_error(logits, ref) < 1e-4
+
+
+# Every field of transformers' Mistral4Config: implemented (another value changes the model built), irrelevant, or
+# refused by name (above). The walk's base drops partial_rotary_factor, which Mistral4Config derives from the head
+# dimensions (each dimension's change would otherwise be refused as a mismatch, as above).
+IRRELEVANT = (
+    COMMON_IRRELEVANT
+    | {
+        "pretraining_tp",
+        "output_router_logits",  # the router logits' return (training's auxiliary loss)
+        "head_dim",
+        "qk_head_dim",  # derived: Mistral4Config.__post_init__ sets them from qk_nope_head_dim + qk_rope_head_dim
+    }
+)
+IMPLEMENTED = {
+    "vocab_size": (100, {}),
+    "hidden_size": (64, {}),
+    "intermediate_size": (96, {}),
+    "moe_intermediate_size": (32, {}),
+    "num_hidden_layers": (4, {}),
+    "n_shared_experts": (2, {}),
+    "n_routed_experts": (16, {}),
+    "routed_scaling_factor": (2.0, {}),
+    "kv_lora_rank": (40, {}),
+    "q_lora_rank": (None, {}),
+    "qk_rope_head_dim": (12, {}),
+    "qk_nope_head_dim": (16, {}),
+    "v_head_dim": (16, {}),
+    "n_group": (2, {}),
+    "topk_group": (3, {}),
+    "num_experts_per_tok": (2, {}),
+    "first_k_dense_replace": (2, {}),
+    "norm_topk_prob": (False, {}),
+    "hidden_act": ("gelu", {}),
+    "max_position_embeddings": (1024, {}),
+    "rms_norm_eps": (1e-5, {}),
+    "eos_token_id": (7, {}),
+    "tie_word_embeddings": (True, {}),
+    "rope_parameters": (lambda cfg: {**cfg["rope_parameters"], "llama_4_scaling_beta": 0.2}, {}),
+    "rope_interleave": (False, {}),
+    "attention_bias": (True, {}),
+    "dtype": ("bfloat16", {}),
+}
+
+
+def walk_base() -> dict:
+    from transformers.models.mistral4 import Mistral4Config
+
+    cfg = Mistral4Config(**MISTRAL4).to_dict()
+    cfg["rope_parameters"] = {
+        k: v for k, v in cfg["rope_parameters"].items() if k != "partial_rotary_factor"
+    }
+    return {**cfg, "architectures": ["Mistral4ForCausalLM"]}
+
+
+def test_every_field_is_implemented_irrelevant_or_refused():
+    base = walk_base()
+    heads = {k: base.pop(k) for k in ("num_attention_heads", "num_key_value_heads")}
+    walk_fields(
+        "Mistral4Config", base, IMPLEMENTED, IRRELEVANT, lambda cfg, f: {**heads, **cfg, **f}
+    )
+    # MLA's heads: one count (num_key_value_heads, which transformers repeats, must equal it)
+    assert built({**base, **heads}) != built(
+        {**base, "num_attention_heads": 8, "num_key_value_heads": 8}
+    )
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        built({**base, **heads, "num_key_value_heads": 2})
