@@ -52,6 +52,8 @@ KNOBS = {
     "swiglu_sub_tile": (fused_projection, "swiglu_sub_tile"),
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
+    "narrow_block_k": (fused_projection, "narrow_block_k"),
+    "narrow_stages": (fused_projection, "narrow_stages"),
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
@@ -332,6 +334,24 @@ SWEEPS["attention_splits_llama"] = Sweep(
         {"attention_programs_per_sm": 0.125},
         {"attention_programs_per_sm": 0.25},
     ),
+)
+# The A3B MoE shapes, first benched in gpu_2026-12-05b call 1 (batch 1 at 50% of the floor): their o_proj is a
+# narrow plain projection (2048 outputs, 16 an SM: fused_projection.narrow_*), 4 (Qwen3) or 2 (Qwen3.5) KV heads
+# split over the SMs, and bf16 experts of 768 / 512 intermediate rows on the few-token tiles
+SWEEPS |= _on_shapes(
+    "a3b_",
+    ((1, 512), (8, 512)),
+    (
+        {},
+        {"narrow_block_k": 256},
+        {"narrow_stages": 8},
+        {"attention_programs_per_sm": 0.5},
+        {"attention_programs_per_sm": 0},
+        {"few_token_gate_up": (64, 128, 4, 4)},
+        {"few_token_gate_up": (32, 256, 4, 3)},
+        {"few_token_down": (32, 128, 4, 4)},
+    ),
+    (("qwen3", "qwen3-30b-a3b", None), ("qwen35", "qwen3.5-35b-a3b", None)),
 )
 SWIGLU_SETTINGS = (
     {},
