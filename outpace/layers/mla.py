@@ -227,8 +227,6 @@ class MultiHeadLatentAttention(PagedCacheLayer):
             and all(fused_weight_format(p, x.dtype) for p in self.fused_projections())
             and self.cache_rows is not None
             and self.cache_rows.is_contiguous()
-            # the fused kernels rotate by the tables alone: no query scale by position (Mistral 4)
-            and self.rotary.query_scale is None
             # the norm's weight, in the model's dtype: the rows' dtype checked against it
             and fusable_rows(x, self.kv_a_layernorm.weight)
         )

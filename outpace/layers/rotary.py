@@ -151,10 +151,15 @@ class RotaryEmbedding(nn.Module):
     def scale_queries(self, q: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The rotated q [num_tokens, ...] times its position's ``query_scale`` (in q's dtype, as transformers
         multiplies); q itself without one."""
+        scale = self.query_scales_at(positions, q.dtype)  # [num_tokens]
+        return q if scale is None else q * scale.view(-1, *(1,) * (q.dim() - 1))
+
+    def query_scales_at(self, positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        """positions [num_tokens] -> their ``query_scale`` entries [num_tokens] in ``dtype``; None without
+        a query scale."""
         if self.query_scale is None:
-            return q
-        scale = self.query_scale.index_select(0, positions).to(q.dtype)  # [num_tokens]
-        return q * scale.view(-1, *(1,) * (q.dim() - 1))
+            return None
+        return self.query_scale.index_select(0, positions).to(dtype)
 
 
 def rotary_torch(

@@ -1,5 +1,5 @@
-"""Tiny DeepSeek-V2/V3 transformers models (fp32, random weights) for tests: odd shapes (kv_lora_rank 36, vocab
-203, v_head_dim != qk_nope_head_dim), YaRN, grouped routing; a reference of DeepSeek-V3's MTP layer assembled
+"""Tiny DeepSeek-V2/V3 and Mistral 4 transformers models (fp32, random weights) for tests: odd shapes (kv_lora_rank
+36, vocab 203, v_head_dim != qk_nope_head_dim), YaRN, grouped routing, Mistral 4's query scale by position; a reference of DeepSeek-V3's MTP layer assembled
 from transformers' pieces with vLLM deepseek_mtp.py's semantics, and a checkpoint that carries it."""
 
 import json
@@ -88,6 +88,41 @@ VARIANTS = {
         dict(q_lora_rank=20, topk_method="greedy", first_k_dense_replace=1, n_shared_experts=1),
     ),
 }
+
+# The query scale 1 + beta * ln(1 + floor(p / 16)) grows from position 16 on: a 45-token prefill and 32 decoded
+# tokens cross 16, 32 and 48. partial_rotary_factor as Mistral4Config derives it: rope / (nope + rope) = 8 / 20.
+ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "llama_4_scaling_beta": 0.5,
+    "partial_rotary_factor": 0.4,
+}
+MISTRAL4 = dict(
+    SMALL,
+    q_lora_rank=20,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    n_shared_experts=1,
+    routed_scaling_factor=1.5,
+    rope_parameters=ROPE,
+)
+
+
+def make_hf_mistral4(**overrides):
+    """transformers' Mistral4ForCausalLM at ``MISTRAL4`` (with ``overrides``), random weights (``randomize``)."""
+    from transformers.models.mistral4 import Mistral4Config, Mistral4ForCausalLM
+
+    cfg = Mistral4Config(**{**MISTRAL4, **overrides})
+    model = Mistral4ForCausalLM(cfg).to(torch.float32)
+    randomize(model)
+    return model.eval()
 
 
 def randomize(module: nn.Module) -> None:

@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 
 import outpace.cache.kv_cache as kv_cache  # noqa: E402
 import outpace.layers.mla as mla_module  # noqa: E402
-from helpers.deepseek_models import SMALL, make_hf_deepseek  # noqa: E402
+from helpers.deepseek_models import SMALL, make_hf_deepseek, make_hf_mistral4  # noqa: E402
 from helpers.fused_decode import decode_forward, record_fp8_epilogues  # noqa: E402
 from helpers.hf_models import save_hf_model  # noqa: E402
 from helpers.quantized_checkpoints import (  # noqa: E402
@@ -43,6 +43,9 @@ VARIANTS = {
     "v2": ("v2-greedy", dict(q_lora_rank=None), False),
     "v3": ("v3-yarn", {}, False),
     "v3-fp8": ("v3-yarn", dict(intermediate_size=84), True),
+    # Mistral 4 (helpers/deepseek_models.py MISTRAL4): a softmax router over groups, stacked experts, and the
+    # decode's queries at positions 20, 9 and 33 (the first and last scaled) on the absorbed latent and the rotated part
+    "mistral4": ("mistral4", {}, False),
 }
 
 
@@ -54,7 +57,10 @@ def checkpoints(tmp_path_factory):
         if variant not in cache:
             name, overrides, fp8 = VARIANTS[variant]
             path = tmp_path_factory.mktemp(variant)
-            cache[variant] = save_hf_model(make_hf_deepseek(name, **overrides), path / "bf16")
+            make = (
+                make_hf_mistral4 if name == "mistral4" else lambda **o: make_hf_deepseek(name, **o)
+            )
+            cache[variant] = save_hf_model(make(**overrides), path / "bf16")
             if fp8:
                 cache[variant] = write_quantized(
                     cache[variant], path, "fp8_block", is_projection, block_fp8_config((8, 64))

@@ -12,7 +12,7 @@ import transformers
 from safetensors.torch import load_file
 
 from helpers.config_walk import COMMON_IRRELEVANT, built, walk_fields
-from helpers.deepseek_models import SMALL, paged_logits, randomize
+from helpers.deepseek_models import MISTRAL4, ROPE, SMALL, make_hf_mistral4, paged_logits
 from helpers.hf_models import save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
@@ -21,40 +21,6 @@ from outpace.config import SpeculativeConfig
 from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model
 from outpace.validation import ConfigError
-
-# The query scale 1 + beta * ln(1 + floor(p / 16)) grows from position 16 on: a 45-token prefill and 32 decoded
-# tokens cross 16, 32 and 48. partial_rotary_factor as Mistral4Config derives it: rope / (nope + rope) = 8 / 20.
-ROPE = {
-    "rope_type": "yarn",
-    "rope_theta": 10000.0,
-    "factor": 4.0,
-    "original_max_position_embeddings": 16,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-    "llama_4_scaling_beta": 0.5,
-    "partial_rotary_factor": 0.4,
-}
-MISTRAL4 = dict(
-    SMALL,
-    q_lora_rank=20,
-    n_group=4,
-    topk_group=2,
-    first_k_dense_replace=1,
-    n_shared_experts=1,
-    routed_scaling_factor=1.5,
-    rope_parameters=ROPE,
-)
-
-
-def make_hf_mistral4(**overrides):
-    from transformers.models.mistral4 import Mistral4Config, Mistral4ForCausalLM
-
-    cfg = Mistral4Config(**{**MISTRAL4, **overrides})
-    model = Mistral4ForCausalLM(cfg).to(torch.float32)
-    randomize(model)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
