@@ -130,6 +130,7 @@ def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monke
         "v3-yarn",
         "qwen3_moe",
         "mixtral",
+        "mistral4",
     ],
 )
 def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, monkeypatch):
@@ -137,7 +138,8 @@ def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, mon
     models/step3p5.py, models/deepseek.py, models/qwen3_moe.py over layers/fused_decoder.py ``run_fused_layers``: norms folded into the
     projections), here let take float32 rows (the path serves half precision), captured on the GPU: the CPU's
     greedy tokens. DeepSeek's variants (tests/helpers/deepseek_models.py): V2's MLA without q_lora_rank and
-    softmax routing, V3's with one and group-limited sigmoid routing."""
+    softmax routing, V3's with one and group-limited sigmoid routing, Mistral 4's softmax group routing, stacked
+    experts and query scale by position (its decode past position 16, the scale's first step)."""
     from helpers.fused_rows import take_the_fused_path_in_fp32
 
     fused = take_the_fused_path_in_fp32(monkeypatch)
@@ -149,12 +151,14 @@ def test_the_fused_residual_path_gives_the_cpu_tokens_fp32(family, tmp_path, mon
         path, vocab = str(write_checkpoint(tmp_path, config)[0]), config["vocab_size"]
     elif family in ("qwen3_moe", "mixtral"):
         path, vocab = str(save_family(family, tmp_path)), FAMILIES[family][0]
-    elif family.startswith("v"):
-        from helpers.deepseek_models import make_hf_deepseek
+    elif family.startswith("v") or family == "mistral4":
+        from helpers.deepseek_models import make_hf_deepseek, make_hf_mistral4
         from helpers.hf_models import save_hf_model
 
         overrides = {"q_lora_rank": None} if family == "v2-greedy" else {}
-        model = make_hf_deepseek(family, **overrides)
+        model = (
+            make_hf_mistral4() if family == "mistral4" else make_hf_deepseek(family, **overrides)
+        )
         path, vocab = str(save_hf_model(model, tmp_path)), model.config.vocab_size
     else:
         from helpers.hybrid_models import make_hybrid, save_hybrid
