@@ -30,6 +30,17 @@ def checkpoint(tmp_path_factory):
     return hf, save_hf_model(hf, tmp_path_factory.mktemp("mistral4"))
 
 
+def prefill_error(model, hf, num_tokens: int, seed: int) -> float:
+    """The relative error of ``model``'s logits (one paged prefill of seeded random ids) against ``hf``'s."""
+    ids = torch.randint(
+        0, SMALL["vocab_size"], (num_tokens,), generator=torch.Generator().manual_seed(seed)
+    )
+    with torch.no_grad():
+        ref = hf(ids[None]).logits[0]
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
+        return rel_error(paged_logits(model, ids), ref)
+
+
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
@@ -51,12 +62,7 @@ def test_prefill_logits_match_transformers(checkpoint, expand_from):
     for module in model.modules():
         if hasattr(module, "expand_min_query_len"):
             module.expand_min_query_len = expand_from
-    ids = torch.randint(0, SMALL["vocab_size"], (45,), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
-        logits = paged_logits(model, ids)
-    assert rel_error(logits, ref) < 1e-4
+    assert prefill_error(model, hf, 45, seed=1) < 1e-4
 
 
 def test_the_query_scale_matters_here(checkpoint):
@@ -173,12 +179,7 @@ def test_the_published_multimodal_layout_serves_its_mistral4_text_model(checkpoi
     assert json.loads((path / "config.json").read_text())["text_config"]["model_type"] == "mistral4"
     model = load_model(path, torch.float32)
     assert model.deepseek_config.version == 4
-    ids = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():
-        ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
-        logits = paged_logits(model, ids)
-    assert rel_error(logits, ref) < 1e-4
+    assert prefill_error(model, hf, 40, seed=2) < 1e-4
 
 
 # Every field of transformers' Mistral4Config: implemented (another value changes the model built), irrelevant, or
