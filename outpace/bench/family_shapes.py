@@ -151,6 +151,11 @@ def shrink(config: dict, layers: int) -> dict:
         and "original_max_position_embeddings" in (config["rope_scaling"])
     ):
         tiny["rope_scaling"] = {**config["rope_scaling"], "original_max_position_embeddings": 64}
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "partial_rotary_factor" in rope and "qk_rope_head_dim" in tiny:
+        # Mistral 4's: MLA's share of rotated dimensions, derived from the (tiny) head dimensions
+        share = tiny["qk_rope_head_dim"] / (tiny["qk_rope_head_dim"] + tiny["qk_nope_head_dim"])
+        tiny["rope_parameters"] = {**rope, "partial_rotary_factor": share}
     return tiny
 
 
@@ -501,6 +506,20 @@ def qwen35_moe() -> dict:
     }
 
 
+def mistral_small_4() -> dict:
+    """transformers' Mistral4Config defaults (its docstring names mistralai/Mistral-Small-4-119B-2603; 119B
+    parameters: 36 layers of MLA and a mixture of 128 experts of which 4 plus a shared one, vocabulary 131072),
+    with the rope_parameters its __post_init__ fills in (YaRN, factor 128 over 8192 positions, the query scale by
+    position), at an 8192-position context; 238 GB in bf16."""
+    from transformers.models.mistral4 import Mistral4Config
+
+    cfg = Mistral4Config(max_position_embeddings=8192).to_dict()
+    cfg.update(architectures=["Mistral4ForCausalLM"])
+    return {
+        k: v for k, v in cfg.items() if k not in ("id2label", "label2id", "transformers_version")
+    }
+
+
 def qwen35() -> dict:
     """The Qwen3.5 shape bench/hybrid_shape.py measures (transformers' Qwen3_5TextConfig defaults, the
     config class of Qwen/Qwen3.5-27B's family: hidden 4096, 32 layers of gated DeltaNet and gated attention
@@ -568,6 +587,14 @@ def family_shapes() -> dict[str, FamilyShape]:
             FamilyShape("nemotron-h-8b", "nvidia/Nemotron-H-8B-Base-8K", NEMOTRON_H_8B, 52, 8),
             FamilyShape("gemma-3-12b", "google/gemma-3-12b-it", GEMMA3_12B, 48, 6),
             FamilyShape("gemma-4-26b-a4b", "google/gemma-4-26B-A4B", GEMMA4_26B_A4B, 30, 6),
+            FamilyShape(
+                "mistral-small-4-slice",
+                "transformers Mistral4Config defaults (mistralai/Mistral-Small-4-119B-2603's config class)",
+                slice_layers(mistral_small_4(), 8),
+                36,
+                2,
+                "8 MoE layers (the model: 36, every one MoE)",
+            ),
             FamilyShape(
                 "step-3.5-flash-slice",
                 "stepfun-ai/Step-3.5-Flash",
