@@ -879,8 +879,9 @@ def mla_attend_fused(
         )
     else:
         q_latent = _q_absorb(layer, q_out, q_sq, q_pe, kv_args, rope_args, cache, w_uk, pdl)
-    scale = layer.rotary.query_scales_at(positions, x.dtype)  # [M]: Mistral 4's query scale by position
-    if scale is not None:  # (the whole query's: the absorbed latent's parts and the rotated part)
+    # Mistral 4's query scale by position, on the whole query: the absorbed latent's parts and the rotated part
+    scale = layer.rotary.query_scales_at(positions, x.dtype)  # [M] or None
+    if scale is not None:
         q_latent, q_pe = q_latent * scale.view(1, -1, 1, 1), q_pe * scale.view(-1, 1, 1)
     attended = mla_attention_up(
         q_latent, q_pe, layer.cache_rows, meta, s.scale, w_uv, k_scale=layer.latent_scale()
