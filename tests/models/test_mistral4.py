@@ -247,3 +247,29 @@ def test_every_field_is_implemented_irrelevant_or_refused():
     )
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         built({**base, **heads, "num_key_value_heads": 2})
+
+
+def test_experts_stacked_in_fp8_are_refused_by_name(checkpoint, tmp_path):
+    """transformers' FP8Experts layout (``mlp.experts.gate_up_proj`` float8 beside ``gate_up_proj_scale_inv``) is
+    not implemented: loading it names the tensor and its file, rather than reading float8 values as bf16."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from outpace.checkpoint import CheckpointError
+
+    _, path = checkpoint
+    quantized = tmp_path / "fp8"
+    shutil.copytree(path, quantized)
+    tensors = load_file(path / "model.safetensors")
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+        tensors[name + "_scale_inv"] = torch.ones(tensors[name].shape[0], 1, 1)
+    save_file(tensors, quantized / "model.safetensors", metadata={"format": "pt"})
+    block = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    cfg = config(checkpoint, quantization_config={**block, "weight_block_size": [128, 128]})
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        CheckpointError, match=r"experts\.(gate_up|down)_proj.* is stored in torch.float8"
+    ):
+        load_model(quantized, torch.float32)

@@ -141,6 +141,13 @@ def _refuse_unclaimed(
                 f"{prefix}.{fmt.scale_name} beside it (a {scheme.description} checkpoint, "
                 f"{scheme.source})"
             )
+        if (
+            dtype == torch.float8_e4m3fn
+        ):  # e.g. transformers' fused FP8 experts (gate_up_proj, down_proj)
+            raise CheckpointError(
+                f"{path.name}: tensor {name!r} is stored in {dtype}, a form of it outpace does not read "
+                f"(not a projection's {fmt.weight_name!r} nor a stack of experts it implements)"
+            )
         if leaf == fmt.scale_name:
             raise CheckpointError(
                 f"{path.name}: tensor {name!r} is the scale of a quantized {prefix!r}, which outpace "
