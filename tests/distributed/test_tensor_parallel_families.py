@@ -1,7 +1,7 @@
 """Tensor parallelism beyond the Llama family, on CPU processes (gloo), in fp32: DeepSeek-V2/V3 (MLA heads
 split, the latent cache whole on every rank, every expert's rows split, shared experts too), Qwen3-MoE (heads
 and every expert's rows split, a dense layer between; Qwen3-VL-MoE's stacked experts stored transposed;
-Qwen2-MoE's gated shared expert; Mixtral's experts under the hub's names) and Gemma 3 (heads split, a kv head replicated, the
+Qwen2-MoE's gated shared expert; Mixtral's experts under the hub's names), Mistral 4 (MLA, stacked experts) and Gemma 3 (heads split, a kv head replicated, the
 embedding replicated as Gemma keeps it) give exactly the TP = 1
 greedy tokens at TP = 2 and TP = 3 with batching, chunked prefill and preemption; an EAGLE3 draft that
 borrows a Gemma target's replicated embedding and tied head is handed this rank's vocabulary shard of it
@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers.deepseek_models import make_hf_deepseek
+from helpers.deepseek_models import make_hf_deepseek, make_hf_mistral4
 from helpers.gemma_models import PROMPT, SPLITTABLE, make_splittable_gemma
 from helpers.hf_models import make_hf_model, save_hf_model
 from helpers.qwen3_moe_models import make_qwen3_moe, make_qwen3_vl_moe, to_hub_expert_order
@@ -81,6 +81,8 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
         "mixtral", num_attention_heads=6, num_key_value_heads=6, intermediate_size=24
     )
     paths["mixtral"] = str(save_hf_model(mixtral, root / "mixtral"))
+    # Mistral 4: MLA's heads split, its stacked experts' rows split (layers/moe.py stacked_experts)
+    paths["mistral4"] = str(save_hf_model(make_hf_mistral4(**DEEPSEEK), root / "mistral4"))
     return paths
 
 
@@ -186,7 +188,10 @@ def reference(model: str, prompts, params=GREEDY, **engine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(
-    "variant", DEEPSEEKS + list(SPLITTABLE) + ["qwen3-moe", "qwen3-vl-moe", "qwen2-moe", "mixtral"]
+    "variant",
+    DEEPSEEKS
+    + list(SPLITTABLE)
+    + ["qwen3-moe", "qwen3-vl-moe", "qwen2-moe", "mixtral", "mistral4"],
 )
 @pytest.mark.parametrize("size", [2, 3])
 def test_family_matches_one_rank(variant, size, checkpoints, request):
