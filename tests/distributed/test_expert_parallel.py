@@ -28,7 +28,12 @@ import pytest
 import torch
 
 from helpers import hybrid_sampling
-from helpers.deepseek_models import SPEC_PROMPTS, make_hf_deepseek, save_v3_with_mtp
+from helpers.deepseek_models import (
+    SPEC_PROMPTS,
+    make_hf_deepseek,
+    make_hf_mistral4,
+    save_v3_with_mtp,
+)
 from helpers.gemma_models import make_splittable_gemma
 from helpers.hf_models import make_hf_model, save_hf_model
 from helpers.hybrid_models import make_hybrid, save_hybrid
@@ -121,6 +126,8 @@ def models(tmp_path_factory) -> dict[str, str]:
         ),
         "qwen2_moe": str(save_hf_model(make_hf_model("qwen2-moe"), root / "qwen2_moe")),
         "mixtral": str(save_hf_model(make_hf_model("mixtral"), root / "mixtral")),
+        # Mistral 4's stacked experts: each rank reads its experts' slice of the stacks
+        "mistral4": str(save_hf_model(make_hf_mistral4(**DEEPSEEK), root / "mistral4")),
         # Step-3.5-Flash-FP8's layout: block-FP8 expert stacks [E, out, in] with their scale stacks
         "step-fp8": str(
             write_quantized(step, root / "step-fp8", "fp8_block", is_projection, FP8_BLOCKS)[0]
@@ -193,6 +200,7 @@ PLAIN = {
         ("qwen3_vl_moe", 1, 2),
         ("qwen2_moe", 1, 2),
         ("mixtral", 1, 2),
+        ("mistral4", 1, 2),
     ],
     # (TP 3 for DeepSeek-V3 only: the other tiny models' 4 query or 2 key heads do not split over 3 ranks)
     3: [
