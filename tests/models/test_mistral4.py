@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from helpers.config_walk import COMMON_IRRELEVANT, built, walk_fields
 from helpers.deepseek_models import MISTRAL4, ROPE, SMALL, make_hf_mistral4, paged_logits
 from helpers.hf_models import save_hf_model
+from helpers.spec_models import make_eagle3_draft
 from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
@@ -107,15 +108,19 @@ def test_greedy_tokens_match_transformers_batched_and_chunked(checkpoint):
         assert [o.token_ids for o in outs] == refs, f"chunks of {chunk}"
 
 
-def test_speculation_over_mistral4_is_lossless(checkpoint):
-    """n-gram drafts verified by the Mistral 4 target (chains of 3): its greedy tokens alone."""
+def test_speculation_over_mistral4_is_lossless(checkpoint, tmp_path):
+    """n-gram drafts and an EAGLE3 draft's tree verified by the Mistral 4 target: its greedy tokens alone."""
     _, path = checkpoint
     prompts = [[3, 17, 99, 150, 8, 42, 7, 3, 17, 99], [5, 6, 7, 5, 6, 7, 5]]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     plain = [o.token_ids for o in LLM(str(path), block_size=4).generate(prompts, params)]
-    spec = SpeculativeConfig("ngram", num_steps=3, ngram_min=1)
-    outs = LLM(str(path), block_size=4, speculative=spec).generate(prompts, params)
-    assert [o.token_ids for o in outs] == plain
+    draft = make_eagle3_draft(path, tmp_path / "eagle3")
+    for spec in (
+        SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
+        SpeculativeConfig("eagle3", str(draft), num_steps=3, topk=2, num_draft_tokens=6),
+    ):
+        outs = LLM(str(path), block_size=4, speculative=spec).generate(prompts, params)
+        assert [o.token_ids for o in outs] == plain, spec.method
 
 
 def config(checkpoint, **changes) -> dict:
