@@ -1,5 +1,6 @@
 """The DeepSeek family: DeepseekV2ForCausalLM and DeepseekV3ForCausalLM (transformers' classes of those
-names are the reference; DeepSeek's own configs and checkpoints load as they are).
+names are the reference; DeepSeek's own configs and checkpoints load as they are), and Mistral Small 4
+(Mistral4ForCausalLM: V3's layers with its own router, stacked experts and query scale; ``MISTRAL4``).
 
 A decoder layer is multi-head latent attention (layers/mla.py: the paged cache holds one latent row per
 token) and, per layer, a dense SwiGLU MLP or a mixture of experts (layers/moe.py): MoE from layer
@@ -126,8 +127,8 @@ DEFAULTS = {
         attention_bias=False,
         rope_interleave=True,
     ),
-    # transformers Mistral4Config's (it has no moe_layer_freq, scoring_func or topk_method: its router is
-    # Mistral4TopkRouter's alone)
+    # transformers Mistral4Config's (it has no moe_layer_freq, scoring_func, topk_method or mlp_bias: its
+    # transformers modules read none, and neither does outpace)
     MISTRAL4: dict(
         q_lora_rank=1024,
         kv_lora_rank=256,
@@ -143,7 +144,6 @@ DEFAULTS = {
         topk_group=1,
         norm_topk_prob=True,
         routed_scaling_factor=1.0,
-        moe_layer_freq=1,
         attention_bias=False,
         rope_interleave=True,
     ),
@@ -195,9 +195,8 @@ class DeepseekConfig:
     first_k_dense_replace: int
     moe_layer_freq: int
     routing: Routing | None
-    stacked_experts: (
-        bool  # the routed experts stacked (layers/moe.py ``stacked_experts``): Mistral 4's
-    )
+    # the routed experts stacked (layers/moe.py ``stacked_experts``): Mistral 4's
+    stacked_experts: bool
     query_scaling: tuple[float, int] | None  # Mistral 4's (ModelConfig.query_scaling)
 
     @classmethod
@@ -232,7 +231,8 @@ class DeepseekConfig:
             moe_intermediate_size=raw["moe_intermediate_size"],
             n_shared_experts=raw["n_shared_experts"] or 0,
             first_k_dense_replace=raw["first_k_dense_replace"] or 0,
-            moe_layer_freq=raw["moe_layer_freq"],
+            # (Mistral4DecoderLayer: MoE on every layer from first_k_dense_replace on, whatever the file says)
+            moe_layer_freq=1 if mistral4 else raw["moe_layer_freq"],
             routing=None if experts is None else _routing(raw, arch),
             stacked_experts=mistral4,
             query_scaling=cfg.query_scaling,

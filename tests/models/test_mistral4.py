@@ -252,6 +252,9 @@ def test_every_field_is_implemented_irrelevant_or_refused():
     )
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         built({**base, **heads, "num_key_value_heads": 2})
+    # DeepSeek's fields that Mistral4Config lacks, which its modules never read: no other model either
+    for field, value in (("moe_layer_freq", 2), ("scoring_func", "sigmoid"), ("mlp_bias", True)):
+        assert built({**base, **heads, field: value}) == built({**base, **heads}), field
 
 
 def test_experts_stacked_in_fp8_are_refused_by_name(checkpoint, tmp_path):
