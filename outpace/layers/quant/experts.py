@@ -25,7 +25,9 @@ Checkpoints that store the experts stacked in block FP8 (Step-3.5-Flash-FP8: ``m
 fp8 [E, out, in] with ``weight_scale_inv`` [E, ceil(out/bn), ceil(in/bk)]) load as ``QuantizedStackedWeight``
 in place of the bf16 ``StackedWeight``: the kernels read those stacks in place (``run_quantized_stacks``).
 Other stacked formats are refused by name (layers/quant/loading.py); Qwen3.5's MoE FP8 checkpoints were not
-found in the public references checked, so no other stacked layout is implemented.
+found in the public references checked, so no other stacked layout is implemented. transformers' fused FP8 experts
+(``mlp.experts.gate_up_proj`` float8 [E, 2I, H] beside ``gate_up_proj_scale_inv``, one scale an expert in the
+layout reported for Mistral Small 4's FP8 release) are refused too, naming the tensor.
 
 The stacks are made once, on first use, and every expert's tensors become views of them (as layers/moe.py
 ``RoutedExperts.stacks`` does for half-precision experts): no memory is added, and a checkpoint reload in
