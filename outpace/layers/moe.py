@@ -88,6 +88,7 @@ from outpace.layers.quant.experts import (
     grouped_kernels_take,
     has_quantized_experts,
     has_quantized_stacks,
+    packed_expert_weights,
     quantized_shared_stacks,
     run_quantized_experts,
     run_quantized_stacks,
@@ -601,8 +602,9 @@ class RoutedExperts(nn.Module):
             gate = project(x, self.gate_proj.expert(e, x.dtype)) if self.activation.gated else None
             up = project(x, self.up_proj.expert(e, x.dtype))
             return project(self.activation(gate, up), self.down_proj.expert(e, x.dtype))
-        gate, up = project(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return project(self.activation(gate, up), self.down_proj[e])
+        gate_up, down = packed_expert_weights(self, e, x.dtype)
+        gate, up = project(x, gate_up).chunk(2, dim=-1)
+        return project(self.activation(gate, up), down)
 
     def stacks(self) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
         """The weights as the grouped kernels read them: gate (None when ungated) and up [experts, inter,

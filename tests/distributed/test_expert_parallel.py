@@ -41,6 +41,7 @@ from helpers.quantized_checkpoints import (
     block_fp8_config,
     int4_config,
     is_projection,
+    write_mistral4_fp8,
     write_quantized,
 )
 from helpers.qwen3_moe_models import make_qwen3_moe, make_qwen3_vl_moe, to_hub_expert_order
@@ -93,6 +94,7 @@ def models(tmp_path_factory) -> dict[str, str]:
     )
     step = write_checkpoint(_mkdir(root / "step"), STEP, seed=4)[0]
     v3 = save_hf_model(make_hf_deepseek("v3-yarn", **DEEPSEEK), root / "v3")
+    mistral4 = save_hf_model(make_hf_mistral4(**DEEPSEEK), root / "mistral4")
     v3_mtp = save_v3_with_mtp(root / "v3-mtp")[2]  # 8 experts: 2 ranks only
     # Kimi-K2-Thinking's layout: the routed experts' projections INT4 (compressed-tensors), the rest as stored
     int4 = write_quantized(v3, root / "v3-int4", "int4_group", is_expert_projection, int4_config(8))
@@ -126,8 +128,9 @@ def models(tmp_path_factory) -> dict[str, str]:
         ),
         "qwen2_moe": str(save_hf_model(make_hf_model("qwen2-moe"), root / "qwen2_moe")),
         "mixtral": str(save_hf_model(make_hf_model("mixtral"), root / "mixtral")),
-        # Mistral 4's stacked experts: each rank reads its experts' slice of the stacks
-        "mistral4": str(save_hf_model(make_hf_mistral4(**DEEPSEEK), root / "mistral4")),
+        # Mistral 4's stacked experts: each rank reads its experts' slice of the stacks (in FP8 their scales')
+        "mistral4": str(mistral4),
+        "mistral4-fp8": str(write_mistral4_fp8(mistral4, root / "mistral4-fp8")[0]),
         # Step-3.5-Flash-FP8's layout: block-FP8 expert stacks [E, out, in] with their scale stacks
         "step-fp8": str(
             write_quantized(step, root / "step-fp8", "fp8_block", is_projection, FP8_BLOCKS)[0]
@@ -201,6 +204,7 @@ PLAIN = {
         ("qwen2_moe", 1, 2),
         ("mixtral", 1, 2),
         ("mistral4", 1, 2),
+        ("mistral4-fp8", 1, 2),
     ],
     # (TP 3 for DeepSeek-V3 only: the other tiny models' 4 query or 2 key heads do not split over 3 ranks)
     3: [

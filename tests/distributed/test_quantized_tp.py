@@ -3,7 +3,8 @@ fp8 with its weight_scale_inv, routers, norms, embedding and head as stored) loa
 on CPU processes (gloo, tests/helpers/tp_harness.py): each rank reads its rows or columns of every quantized
 weight and the scales of the blocks they lie in (layers/quant/linear.py ``scale_shard``), and the group gives
 one process's greedy tokens under batching, chunked prefill and preemption. So does a per-tensor FP8 Ministral 3 (Mistral's
-FP8 layout: one scale a weight, which every rank holds whole), and a per-channel FP8 Llama (compressed-tensors)."""
+FP8 layout: one scale a weight, which every rank holds whole), a per-channel FP8 Llama (compressed-tensors), and
+Mistral 4 with fused FP8 expert stacks (one scale an expert: each rank its rows of every expert)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,18 @@ def per_tensor_ministral(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def fused_fp8_mistral4(tmp_path_factory) -> str:
+    """Mistral 4 as its FP8 release is reported to store it: per-tensor projections and fused FP8 expert
+    stacks with one scale an expert, each rank their rows, every scale whole."""
+    from helpers.deepseek_models import make_hf_mistral4
+    from helpers.quantized_checkpoints import write_mistral4_fp8
+
+    root = tmp_path_factory.mktemp("fp8-mistral4")
+    source = save_hf_model(make_hf_mistral4(**DEEPSEEK), root / "source")
+    return str(write_mistral4_fp8(source, root)[0])
+
+
+@pytest.fixture(scope="module")
 def per_channel_llama(tmp_path_factory) -> str:
     """compressed-tensors' per-channel FP8: a column-parallel projection's rank holds its rows' scales, a
     row-parallel one every scale."""
@@ -68,7 +81,8 @@ def per_channel_llama(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(
-    "checkpoint", ["fp8_deepseek", "per_tensor_ministral", "per_channel_llama"]
+    "checkpoint",
+    ["fp8_deepseek", "per_tensor_ministral", "per_channel_llama", "fused_fp8_mistral4"],
 )
 def test_fp8_at_two_ranks_gives_one_process_tokens(checkpoint, tmp_path, request):
     path = request.getfixturevalue(checkpoint)

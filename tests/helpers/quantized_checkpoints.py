@@ -202,3 +202,25 @@ def is_projection(name: str) -> bool:
     router, head, embedding or norm, nor DeepSeek MTP's ``eh_proj`` (bf16 in DeepSeek-V3's files)."""
     leaf = name.removesuffix(".weight").rpartition(".")[2]
     return name.endswith(".weight") and "proj" in leaf and leaf != "eh_proj"
+
+
+def write_mistral4_fp8(src: Path, out: Path) -> tuple[Path, Path]:
+    """Checkpoint ``src`` as Mistral Small 4's FP8 release is reported to store it (a third party's read of its
+    model-*.safetensors): every projection per-tensor FP8 with a bf16 ``weight_scale_inv`` and
+    ``activation_scale`` (``quant_method: fp8`` without blocks, static activations), the fused expert stacks
+    FP8 with one ``{name}_scale_inv`` an expert, [E, 1, 1], and an ``{name}_activation_scale`` [E]; router,
+    norms, embedding and head as they were. -> (its directory, the dequantized twin's)."""
+    quantized, reference = write_quantized(
+        src, out, "fp8_tensor", is_projection, per_tensor_fp8_config(), torch.bfloat16,
+        ("weight_scale_inv", "activation_scale"),
+    )  # fmt: skip
+    q, ref = load_file(quantized / "model.safetensors"), load_file(reference / "model.safetensors")
+    for name in [n for n in q if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        fp8, scales = zip(*(dq.quantize_fp8_tensor(w) for w in q[name]))
+        scale = torch.stack(scales).to(torch.bfloat16)  # [E]
+        q[name], q[name + "_scale_inv"] = torch.stack(fp8), scale.reshape(-1, 1, 1)
+        q[name + "_activation_scale"] = torch.full_like(scale, 0.02)
+        ref[name] = dq.dequantize_fp8_tensor(q[name], scale)
+    save_file(q, quantized / "model.safetensors", metadata={"format": "pt"})
+    save_file(ref, reference / "model.safetensors", metadata={"format": "pt"})
+    return quantized, reference

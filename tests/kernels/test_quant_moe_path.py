@@ -280,6 +280,40 @@ def test_step3p5_block_fp8_stacks_on_the_kernels_equal_the_eager_path():
         assert relative_error(got, moe(x[:n], shared)) < 1e-5, n
 
 
+@pytest.mark.parametrize("scale_shape", [(8, 1, 1), (8,)], ids=["E11", "E"])
+def test_fused_per_tensor_fp8_stacks_on_the_kernels_equal_the_eager_path(scale_shape):
+    """transformers' fused FP8 experts (layers/quant/experts.py ``quantize_packed_stacks``: gate_up [E, 2I, H]
+    and down [E, H, I] float8, one scale an expert and projection, as reported of Mistral Small 4's release)
+    read in place by the grouped kernels as per-tensor blocks (``QuantizedExpertStacks.of_packed``), beside a
+    half-precision shared expert, against the eager path (each expert's stacks dequantized)."""
+    from outpace.layers.moe import stacked_experts
+    from outpace.layers.quant.experts import quantize_packed_stacks
+
+    routing = Routing(8, 3, "softmax", 4, 2, "top2_sum", False, True, 1.5)
+    experts = stacked_experts("silu", 8, HIDDEN, INTER)
+    stored = {f"{n}{s}": (torch.bfloat16, scale_shape) for n in ("gate_up_proj", "down_proj")
+              for s in ("_scale_inv", "_activation_scale")}  # fmt: skip
+    quantize_packed_stacks(experts, FORMATS[FP8_TENSOR](SCHEMES[FP8_TENSOR]), stored)
+    g = torch.Generator().manual_seed(11)
+    for name in ("gate_up_proj", "down_proj"):
+        w = torch.randn(getattr(experts, name).shape, generator=g) * 0.3
+        fp8, scales = zip(*(dq.quantize_fp8_tensor(e) for e in w))
+        getattr(experts, name).copy_(torch.stack(fp8))
+        getattr(experts, name + "_scale_inv").copy_(torch.stack(scales).reshape(scale_shape))
+    moe = MoE(
+        HIDDEN, routing, INTER, 1, lambda size, bias, **kw: GatedMLP(HIDDEN, size, "silu", bias),
+        experts=experts,
+    )  # fmt: skip
+    randomise_routers(moe, seed=12)
+    moe = moe.to(DEVICE)
+    x = torch.randn(max(TOKENS), HIDDEN, generator=torch.Generator().manual_seed(13)).to(DEVICE)
+    assert on_kernels(moe, True).experts.uses_kernels(x)
+    for n in TOKENS:
+        got = on_kernels(moe, True)(x[:n])
+        expected = on_kernels(moe, False)(x[:n])
+        assert relative_error(got, expected) < 1e-5, n
+
+
 def test_a_fused_shared_mlp_is_refused_off_the_kernels():
     """The eager path would drop a shared MLP handed to it for fusion: it refuses it by name instead."""
     moe = on_kernels(deepseek_moe(SCHEMES[FP8_BLOCK]), False)

@@ -9,11 +9,12 @@ import json
 import pytest
 import torch
 import transformers
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from helpers.config_walk import COMMON_IRRELEVANT, built, walk_fields
 from helpers.deepseek_models import MISTRAL4, ROPE, SMALL, make_hf_mistral4, paged_logits
 from helpers.hf_models import save_hf_model
+from helpers.quantized_checkpoints import per_tensor_fp8_config, write_mistral4_fp8
 from helpers.spec_models import make_eagle3_draft
 from outpace import LLM, SamplingParams
 from outpace.cache.block_pool import BlockPool
@@ -257,12 +258,20 @@ def test_every_field_is_implemented_irrelevant_or_refused():
         assert built({**base, **heads, field: value}) == built({**base, **heads}), field
 
 
-def test_experts_stacked_in_fp8_are_refused_by_name(checkpoint, tmp_path):
-    """transformers' FP8Experts layout (``mlp.experts.gate_up_proj`` float8 beside ``gate_up_proj_scale_inv``) is
-    not implemented: loading it names the tensor and its file, rather than reading float8 values as bf16."""
+@pytest.mark.parametrize(
+    "block,scales,error",
+    [
+        (True, True, r"gate_up_proj_scale_inv.* in block FP8 .*only per-tensor FP8"),
+        (False, False, r"experts\.(gate_up|down)_proj.* is stored in torch\.float8"),
+    ],
+    ids=["block-fp8-stacks", "stacks-without-scales"],
+)
+def test_fused_fp8_stacks_outpace_does_not_read_are_refused_by_name(
+    checkpoint, tmp_path, block, scales, error
+):
+    """Fused FP8 expert stacks in block FP8, or without their scales, are not read: loading names the tensor
+    and its file (rather than reading float8 values as bf16)."""
     import shutil
-
-    from safetensors.torch import save_file
 
     from outpace.checkpoint import CheckpointError
 
@@ -272,12 +281,40 @@ def test_experts_stacked_in_fp8_are_refused_by_name(checkpoint, tmp_path):
     tensors = load_file(path / "model.safetensors")
     for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
         tensors[name] = tensors[name].to(torch.float8_e4m3fn)
-        tensors[name + "_scale_inv"] = torch.ones(tensors[name].shape[0], 1, 1)
+        if scales:
+            tensors[name + "_scale_inv"] = torch.ones(tensors[name].shape[0], 1, 1)
     save_file(tensors, quantized / "model.safetensors", metadata={"format": "pt"})
-    block = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
-    cfg = config(checkpoint, quantization_config={**block, "weight_block_size": [128, 128]})
-    (quantized / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(
-        CheckpointError, match=r"experts\.(gate_up|down)_proj.* is stored in torch.float8"
-    ):
+    fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}
+    fp8 = {**fp8, "weight_block_size": [128, 128]} if block else per_tensor_fp8_config("dynamic")
+    (quantized / "config.json").write_text(json.dumps(config(checkpoint, quantization_config=fp8)))
+    with pytest.raises(CheckpointError, match=error):
         load_model(quantized, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(checkpoint, tmp_path_factory):
+    return write_mistral4_fp8(checkpoint[1], tmp_path_factory.mktemp("mistral4-fp8"))
+
+
+def test_the_fp8_release_layout_equals_its_dequantized_twin(fp8_checkpoint):
+    """Per-tensor FP8 projections and fused FP8 expert stacks, held quantized (the stacks float8, their scales
+    one an expert): the dequantized twin's prefill logits and greedy tokens."""
+    quantized, reference = fp8_checkpoint
+    model = load_model(quantized, torch.float32)
+    experts = model.model.layers[1].mlp.experts
+    assert experts.gate_up_proj.dtype == torch.float8_e4m3fn
+    assert experts.gate_up_proj_scale_inv.shape == (8, 1, 1)
+    twin = load_model(reference, torch.float32)
+    ids = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits = []
+        for m in (model, twin):
+            bind_kv_cache(m, BlockPool(8, 16), torch.float32, "cpu")
+            logits.append(paged_logits(m, ids))
+    assert rel_error(*logits) < 1e-5
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = [
+        [o.token_ids for o in LLM(str(d), block_size=4).generate(PROMPTS, params)]
+        for d in (quantized, reference)
+    ]
+    assert outs[0] == outs[1]

@@ -25,9 +25,10 @@ Checkpoints that store the experts stacked in block FP8 (Step-3.5-Flash-FP8: ``m
 fp8 [E, out, in] with ``weight_scale_inv`` [E, ceil(out/bn), ceil(in/bk)]) load as ``QuantizedStackedWeight``
 in place of the bf16 ``StackedWeight``: the kernels read those stacks in place (``run_quantized_stacks``).
 Other stacked formats are refused by name (layers/quant/loading.py); Qwen3.5's MoE FP8 checkpoints were not
-found in the public references checked, so no other stacked layout is implemented. transformers' fused FP8 experts
-(``mlp.experts.gate_up_proj`` float8 [E, 2I, H] beside ``gate_up_proj_scale_inv``, one scale an expert in the
-layout reported for Mistral Small 4's FP8 release) are refused too, naming the tensor.
+found in the public references checked, so no other stacked layout is implemented but transformers' fused FP8
+experts in per-tensor FP8 (``quantize_packed_stacks``: ``mlp.experts.gate_up_proj`` float8 [E, 2I, H] beside
+``gate_up_proj_scale_inv``, one scale an expert, the layout a third party's read of Mistral Small 4's FP8 release
+reports), which the kernels read in place as the per-tensor stacks above (``QuantizedExpertStacks.of_packed``).
 
 The stacks are made once, on first use, and every expert's tensors become views of them (as layers/moe.py
 ``RoutedExperts.stacks`` does for half-precision experts): no memory is added, and a checkpoint reload in
@@ -82,6 +83,9 @@ def grouped_kernels_take(experts: nn.Module) -> bool:
     stacked into one gate/up tensor), INT4 groups of a power of two that divide H and I. Else they run
     eagerly (``run_experts``)."""
     gated = experts.activation.gated
+    if getattr(experts, "packed_format", None) is not None:  # (per-tensor FP8, read as blocks)
+        scales = [getattr(experts, n + PACKED_SCALE) for n in ("gate_up_proj", "down_proj")]
+        return all(s.dtype in _KERNEL_SCALE_DTYPES for s in scales)
     if has_quantized_stacks(experts):  # (gate and up read apart: no common block needed)
         block_k = experts.down_proj.format.scheme.block[1]
         scales = [experts.up_proj, experts.down_proj] + ([experts.gate_proj] if gated else [])
@@ -224,6 +228,18 @@ class QuantizedExpertStacks:
             for e, (module, r) in enumerate(zip(per_expert, rows)):
                 self._view(r, e)
                 self._view_packed(module, e)
+
+    @classmethod
+    def of_packed(cls, experts: nn.Module) -> QuantizedExpertStacks:
+        """The stacks of ``quantize_packed_stacks``' experts, read in place: their gate/up and down, each
+        expert's one scale a projection as gate's and up's ([E, 2], a stride-0 view) and down's ([E])."""
+        stacks = cls.__new__(cls)
+        stacks.gated, stacks.format = True, experts.packed_format
+        stacks.gate_up, stacks.down = experts.gate_up_proj, experts.down_proj
+        gate_up_scale = getattr(experts, "gate_up_proj" + PACKED_SCALE)
+        stacks.gate_up_scale = gate_up_scale.reshape(-1, 1).expand(-1, 2)
+        stacks.down_scale = getattr(experts, "down_proj" + PACKED_SCALE).reshape(-1)
+        return stacks
 
     def _view(self, projections: tuple[QuantizedLinear, ...], e: int) -> None:
         """Expert ``e``'s tensors as views of the stacks (their rows of gate_up, its down)."""
@@ -414,8 +430,68 @@ class QuantizedStackedWeight(nn.Module):
 
 
 def has_quantized_stacks(experts: nn.Module) -> bool:
-    """Whether a ``RoutedExperts`` of the stacked layout stores its stacks quantized."""
-    return isinstance(getattr(experts, "down_proj", None), QuantizedStackedWeight)
+    """Whether a ``RoutedExperts`` of the stacked layout stores its stacks quantized (Step-3.5's
+    ``QuantizedStackedWeight``, or transformers' fused stacks: ``quantize_packed_stacks``)."""
+    return (
+        isinstance(getattr(experts, "down_proj", None), QuantizedStackedWeight)
+        or getattr(experts, "packed_format", None) is not None
+    )
+
+
+# transformers' fused FP8 experts (integrations/finegrained_fp8.py ``FP8Experts``): beside ``gate_up_proj`` and
+# ``down_proj``, their scales ``{name}_scale_inv`` (multiplied, as FP8Linear's) and, with static activations,
+# ``{name}_activation_scale`` (one an expert; loaded, not applied: the products are weight-only)
+PACKED_SCALE, PACKED_ACTIVATION_SCALE = "_scale_inv", "_activation_scale"
+
+
+def quantize_packed_stacks(
+    experts: nn.Module,
+    fmt: Fp8Tensor,
+    stored: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+    device: str | torch.device | None = None,
+) -> None:
+    """A ``RoutedExperts`` of packed stacks (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I]) made to hold
+    them in per-tensor FP8 as transformers' fused FP8 experts store them, one scale an expert and projection:
+    float8 stacks of the same shapes (and shards), ``{name}_scale_inv`` of the stored shape ([E], or [E, 1, 1]
+    as reported of Mistral Small 4's FP8 release) and, where stored, ``{name}_activation_scale``. ``stored``:
+    checkpoint name suffix (relative to the experts) -> (dtype, shape) of the scales the checkpoint has.
+    Under expert parallelism each rank's scales are its experts' (the stacks' own shard)."""
+    from outpace.distributed.sharding import mark_shard
+
+    for name in ("gate_up_proj", "down_proj"):
+        old = getattr(experts, name)
+        where = old.device if device is None else device
+        weight = nn.Parameter(
+            torch.empty(old.shape, dtype=torch.float8_e4m3fn, device=where), requires_grad=False
+        )
+        weight.checkpoint_dtypes = (torch.float8_e4m3fn,)
+        mark_shard(weight, getattr(old, "shard", None))
+        setattr(experts, name, weight)
+        for suffix in (PACKED_SCALE, PACKED_ACTIVATION_SCALE):
+            if name + suffix not in stored:
+                continue
+            dtype, shape = stored[name + suffix]
+            scale = nn.Parameter(
+                torch.empty(experts.num_experts, *shape[1:], dtype=dtype, device=where),
+                requires_grad=False,
+            )
+            scale.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+            mark_shard(scale, experts.placement.shard)
+            setattr(experts, name + suffix, scale)
+    experts.packed_format = fmt
+
+
+def packed_expert_weights(
+    experts: nn.Module, e: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``e``'s gate/up [2I, H] and down [H, I] of packed stacks, dequantized to ``dtype`` where
+    ``quantize_packed_stacks`` made them FP8 (the eager path)."""
+    fmt = getattr(experts, "packed_format", None)
+    weights = experts.gate_up_proj[e], experts.down_proj[e]
+    if fmt is None:
+        return weights
+    scales = (getattr(experts, n + PACKED_SCALE)[e] for n in ("gate_up_proj", "down_proj"))
+    return tuple(fmt.dequantize(w, s).to(dtype) for w, s in zip(weights, scales))
 
 
 def run_quantized_stacks(
@@ -430,7 +506,14 @@ def run_quantized_stacks(
 ):
     """A ``RoutedExperts`` of ``QuantizedStackedWeight`` gate, up and down stacks on the grouped kernels
     (layers/moe_kernels.py with their scales: the stacks are read in place, gate and up apart; ``ready``,
-    ``row_scale``: the fused residual stack's, grouped_experts')."""
+    ``row_scale``: the fused residual stack's, grouped_experts'); of packed per-tensor FP8 stacks
+    (``quantize_packed_stacks``), as ``QuantizedExpertStacks.of_packed`` reads them."""
+    if getattr(experts, "packed_format", None) is not None:
+        activation = experts.activation
+        return QuantizedExpertStacks.of_packed(experts).run(
+            x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots,
+            ready=ready, row_scale=row_scale,
+        )  # fmt: skip
     from outpace.layers.moe_kernels import grouped_experts  # Triton: CUDA installs only
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
 

@@ -9,7 +9,9 @@ linear-attention ``A_log``/``conv1d``/``dt_bias``/``in_proj_a/b`` each load as t
 The config's list of unquantized modules (``modules_to_not_convert`` / ``ignore`` / ``exclude_modules``) is
 the cross-check: a module the checkpoint quantizes that the list excludes is refused, and so is a quantized
 tensor without its scale (an fp8 ``weight`` or a ``weight_packed`` alone) or a scale beside a module that
-outpace cannot hold quantized; each error names the tensor and its file.
+outpace cannot hold quantized; each error names the tensor and its file. Packed expert stacks (a
+``RoutedExperts``' ``gate_up_proj``) are held quantized where transformers' fused FP8 experts' scale is stored
+beside them, in per-tensor FP8 (``_quantize_packed``).
 """
 
 from __future__ import annotations
@@ -21,10 +23,16 @@ import torch
 from torch import nn
 
 from outpace.checkpoint import CheckpointError, checkpoint_files, open_shard
-from outpace.layers.quant.experts import QuantizedStackedWeight
+from outpace.layers.quant.experts import (
+    PACKED_ACTIVATION_SCALE,
+    PACKED_SCALE,
+    QuantizedStackedWeight,
+    quantize_packed_stacks,
+)
 from outpace.layers.quant.linear import (
     FORMATS,
     Fp8Block,
+    Fp8Tensor,
     QuantizedLinear,
     quantized_like,
 )
@@ -75,6 +83,9 @@ def quantize_modules(
     from outpace.layers.moe import StackedWeight  # (layers/moe.py imports this package)
 
     for name, module in list(model.named_modules(remove_duplicate=False)):
+        if _quantize_packed(module, name, fmt, tensors, to_ckpt, replaced, device):
+            quantized_prefixes.add(to_ckpt(f"{name}.down_proj").removesuffix(".down_proj"))
+            continue
         stacked = isinstance(module, StackedWeight)
         if not (isinstance(module, nn.Linear) or stacked) or not name:
             continue
@@ -100,6 +111,50 @@ def quantize_modules(
     _replace_everywhere(model, replaced)
     _refuse_unclaimed(tensors, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
     return len(replaced)
+
+
+def _quantize_packed(
+    module: nn.Module,
+    name: str,
+    fmt,
+    tensors: dict[str, tuple[torch.dtype | str, Path]],
+    to_ckpt: Callable[[str], str],
+    done: dict[int, nn.Module],
+    device: str | torch.device | None,
+) -> bool:
+    """Whether ``module`` holds packed expert stacks (a ``RoutedExperts``' ``gate_up_proj`` parameter) that the
+    checkpoint stores quantized, as transformers' fused FP8 experts (a ``gate_up_proj_scale_inv`` beside them):
+    then made to hold them so (layers/quant/experts.py ``quantize_packed_stacks``), in per-tensor FP8 only (any
+    other format refused naming the tensor and its file); marked in ``done`` once."""
+    if not name or not isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
+        return False
+    prefix = to_ckpt(f"{name}.down_proj").removesuffix(".down_proj")
+    scale = tensors.get(f"{prefix}.gate_up_proj{PACKED_SCALE}")
+    if scale is None:
+        return False
+    if not isinstance(fmt, Fp8Tensor):
+        raise CheckpointError(
+            f"{scale[1].name}: tensor {prefix}.gate_up_proj{PACKED_SCALE!s} quantizes the fused expert "
+            f"stacks {prefix!r} in {fmt.scheme.description}: only per-tensor FP8 ones are implemented"
+        )
+    if id(module) not in done:
+        stored = {
+            f"{p}{suffix}": (tensors[key][0], _stored_shape(tensors[key][1], key))
+            for p in ("gate_up_proj", "down_proj")
+            for suffix in (PACKED_SCALE, PACKED_ACTIVATION_SCALE)
+            if (key := f"{prefix}.{p}{suffix}") in tensors
+        }
+        quantize_packed_stacks(module, fmt, stored, device)
+        done[id(module)] = module
+    return True
+
+
+def _stored_shape(path: Path, name: str) -> tuple[int, ...]:
+    """A checkpoint tensor's shape, from its file's header where it has one."""
+    with open_shard(path) as f:
+        if path.suffix == ".bin":
+            return tuple(f.get_tensor(name).shape)
+        return tuple(f.get_slice(name).get_shape())
 
 
 def _replace_everywhere(model: nn.Module, replaced: dict[int, nn.Module]) -> None:
