@@ -5,6 +5,7 @@ query scaled by position past ``original_max_position_embeddings``. Prefill logi
 tokens batched and chunked, lossless speculation, and its config refusals by name."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,3 +319,43 @@ def test_the_fp8_release_layout_equals_its_dequantized_twin(fp8_checkpoint):
         for d in (quantized, reference)
     ]
     assert outs[0] == outs[1]
+
+
+def as_multimodal(text_dir: Path, out: Path) -> Path:
+    """A Mistral 4 checkpoint rewritten as Mistral Small 4 ships: config.json's Mistral3ForConditionalGeneration
+    with the text config as its text_config (model_type mistral4) and the quantization_config at the top, the
+    text tensors under ``language_model.`` beside a Pixtral tower (one of its tensors float8) and projector."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.loads((text_dir / "config.json").read_text())
+    quantization = text.pop("quantization_config", None)
+    config = {
+        "architectures": ["Mistral3ForConditionalGeneration"],
+        "model_type": "mistral3",
+        "text_config": {**text, "model_type": "mistral4"},
+        "vision_config": {"model_type": "pixtral", "hidden_size": 16},
+        "quantization_config": quantization,
+    }
+    (out / "config.json").write_text(json.dumps(config))
+    tensors = {
+        f"language_model.{n}": t for n, t in load_file(text_dir / "model.safetensors").items()
+    }
+    tensors["vision_tower.patch_conv.weight"] = torch.randn(16, 3, 4, 4).to(torch.float8_e4m3fn)
+    tensors["multi_modal_projector.linear_1.weight"] = torch.randn(16, 16)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def test_the_fp8_multimodal_release_layout_serves_its_text_model(fp8_checkpoint, tmp_path):
+    """The FP8 layout inside the published multimodal one (its float8 tower skipped): the dequantized twin's
+    logits."""
+    quantized, reference = fp8_checkpoint
+    model = load_model(as_multimodal(quantized, tmp_path / "mm"), torch.float32)
+    assert model.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.float8_e4m3fn
+    twin = load_model(reference, torch.float32)
+    ids = torch.randint(0, SMALL["vocab_size"], (30,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits = []
+        for m in (model, twin):
+            bind_kv_cache(m, BlockPool(8, 16), torch.float32, "cpu")
+            logits.append(paged_logits(m, ids))
+    assert rel_error(*logits) < 1e-5

@@ -16,6 +16,7 @@ beside them, in per-tensor FP8 (``_quantize_packed``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,7 +110,9 @@ def quantize_modules(
             replaced[id(module)] = make(module, fmt, scale[0], prefix, device)
         quantized_prefixes.add(prefix)
     _replace_everywhere(model, replaced)
-    _refuse_unclaimed(tensors, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
+    ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
+    unread = {n: t for n, t in tensors.items() if not any(r.search(n) for r in ignored)}
+    _refuse_unclaimed(unread, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
     return len(replaced)
 
 
@@ -182,7 +185,8 @@ def _refuse_unclaimed(
     tensors: dict[str, tuple[torch.dtype | str, Path]], quantized: set[str], scheme: QuantScheme
 ) -> None:
     """A quantized tensor whose module was not made quantized: its scale is missing, or outpace has no
-    quantized form of the module (e.g. stacked expert tensors), or it belongs to another format."""
+    quantized form of the module (e.g. stacked expert tensors), or it belongs to another format. ``tensors``:
+    those the loader reads (not a multimodal checkpoint's skipped towers: ``ignored_checkpoint_tensors``)."""
     fmt = FORMATS[scheme.method](scheme)
     for name, (dtype, path) in tensors.items():
         prefix, _, leaf = name.rpartition(".")
