@@ -33,15 +33,30 @@ def checkpoint(tmp_path_factory):
     return hf, save_hf_model(hf, tmp_path_factory.mktemp("mistral4"))
 
 
+def seeded_ids(num_tokens: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, SMALL["vocab_size"], (num_tokens,), generator=generator)
+
+
+def prefill_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    """An outpace model's logits over one paged prefill of ids (a fresh cache)."""
+    with torch.no_grad():
+        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
+        return paged_logits(model, ids)
+
+
 def prefill_error(model, hf, num_tokens: int, seed: int) -> float:
     """The relative error of ``model``'s logits (one paged prefill of seeded random ids) against ``hf``'s."""
-    ids = torch.randint(
-        0, SMALL["vocab_size"], (num_tokens,), generator=torch.Generator().manual_seed(seed)
-    )
+    ids = seeded_ids(num_tokens, seed)
     with torch.no_grad():
         ref = hf(ids[None]).logits[0]
-        bind_kv_cache(model, BlockPool(8, 16), torch.float32, "cpu")
-        return rel_error(paged_logits(model, ids), ref)
+    return rel_error(prefill_logits(model, ids), ref)
+
+
+def twin_error(model, twin, num_tokens: int, seed: int) -> float:
+    """The relative error of ``model``'s prefill logits against another outpace model's (its dequantized twin)."""
+    ids = seeded_ids(num_tokens, seed)
+    return rel_error(prefill_logits(model, ids), prefill_logits(twin, ids))
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -73,7 +88,7 @@ def test_the_query_scale_matters_here(checkpoint):
     beta 0 gives the model without it."""
     hf, _ = checkpoint
     plain = make_hf_mistral4(rope_parameters={**ROPE, "llama_4_scaling_beta": 0.0})
-    ids = torch.randint(0, SMALL["vocab_size"], (45,), generator=torch.Generator().manual_seed(1))
+    ids = seeded_ids(45, seed=1)
     with torch.no_grad():
         scaled, unscaled = hf(ids[None]).logits[0], plain(ids[None]).logits[0]
     assert torch.equal(scaled[:16], unscaled[:16])
@@ -305,14 +320,7 @@ def test_the_fp8_release_layout_equals_its_dequantized_twin(fp8_checkpoint):
     experts = model.model.layers[1].mlp.experts
     assert experts.gate_up_proj.dtype == torch.float8_e4m3fn
     assert experts.gate_up_proj_scale_inv.shape == (8, 1, 1)
-    twin = load_model(reference, torch.float32)
-    ids = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        logits = []
-        for m in (model, twin):
-            bind_kv_cache(m, BlockPool(8, 16), torch.float32, "cpu")
-            logits.append(paged_logits(m, ids))
-    assert rel_error(*logits) < 1e-5
+    assert twin_error(model, load_model(reference, torch.float32), 40, seed=3) < 1e-5
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outs = [
         [o.token_ids for o in LLM(str(d), block_size=4).generate(PROMPTS, params)]
@@ -351,11 +359,4 @@ def test_the_fp8_multimodal_release_layout_serves_its_text_model(fp8_checkpoint,
     quantized, reference = fp8_checkpoint
     model = load_model(as_multimodal(quantized, tmp_path / "mm"), torch.float32)
     assert model.model.layers[1].mlp.experts.gate_up_proj.dtype == torch.float8_e4m3fn
-    twin = load_model(reference, torch.float32)
-    ids = torch.randint(0, SMALL["vocab_size"], (30,), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        logits = []
-        for m in (model, twin):
-            bind_kv_cache(m, BlockPool(8, 16), torch.float32, "cpu")
-            logits.append(paged_logits(m, ids))
-    assert rel_error(*logits) < 1e-5
+    assert twin_error(model, load_model(reference, torch.float32), 30, seed=4) < 1e-5
