@@ -56,7 +56,14 @@ from torch import nn
 
 from outpace.layers.quant.dequantize import INT4_PACK_FACTOR
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.linear import Fp8Block, Fp8Channel, Fp8Tensor, Int4Group, QuantizedLinear
+from outpace.layers.quant.linear import (
+    Fp8Block,
+    Fp8Channel,
+    Fp8Tensor,
+    Int4Group,
+    QuantFormat,
+    QuantizedLinear,
+)
 
 _KERNEL_SCALE_DTYPES = (torch.float32, torch.bfloat16)  # what moe_quant_kernels.py reads
 _TENSOR_BLOCK_K = 128  # per-tensor FP8 read as blocks of (I, 128): a K step the fp8 kernels take
@@ -205,41 +212,53 @@ def quantized_shared_stacks(mlp: nn.Module | None, experts: nn.Module) -> Quanti
     return QuantizedShared(weights, scales)
 
 
+@dataclass(eq=False)  # (tensors: compared by identity)
 class QuantizedExpertStacks:
-    """The stacks of the module docstring, with the per-expert tensors made views of them."""
+    """The stacks of the module docstring: gate/up and down in their format with their scales."""
 
-    def __init__(self, per_expert: list[nn.Module], gated: bool) -> None:
-        self.gated = gated
+    format: QuantFormat
+    gated: bool
+    gate_up: torch.Tensor  # [E, 2I (I ungated), H] (INT4: H / 8 int32 words)
+    gate_up_scale: torch.Tensor  # the format's scales of gate_up (per-tensor FP8: [E, 2] or [E, 1])
+    down: torch.Tensor  # [E, H, I]
+    down_scale: torch.Tensor  # (per-tensor FP8: [E])
+
+    @classmethod
+    def of_modules(cls, per_expert: list[nn.Module], gated: bool) -> QuantizedExpertStacks:
+        """Per-expert modules' projections stacked, their tensors then made views of the stacks."""
         rows = [_projections(m, gated) for m in per_expert]
-        self.format = rows[0][-1].format
+        fmt = rows[0][-1].format
         # Plain tensors even inside inference mode: the parameters become views of them.
         with torch.no_grad(), torch.inference_mode(False):
-            self.gate_up = torch.stack([torch.cat([p.stored_weight for p in r[:-1]]) for r in rows])
-            self.down = torch.stack([r[-1].stored_weight for r in rows])
-            if isinstance(self.format, Fp8Tensor):  # [E, 2] (gate, up) or [E, 1], and [E]
+            gate_up = torch.stack([torch.cat([p.stored_weight for p in r[:-1]]) for r in rows])
+            down = torch.stack([r[-1].stored_weight for r in rows])
+            if isinstance(fmt, Fp8Tensor):  # [E, 2] (gate, up) or [E, 1], and [E]
                 scales = [torch.stack([p.scale.reshape(()) for p in r[:-1]]) for r in rows]
-                self.gate_up_scale = torch.stack(scales)
-                self.down_scale = torch.stack([r[-1].scale.reshape(()) for r in rows])
+                gate_up_scale = torch.stack(scales)
+                down_scale = torch.stack([r[-1].scale.reshape(()) for r in rows])
             else:
-                self.gate_up_scale = torch.stack(
-                    [torch.cat([p.scale for p in r[:-1]]) for r in rows]
-                )
-                self.down_scale = torch.stack([r[-1].scale for r in rows])
+                gate_up_scale = torch.stack([torch.cat([p.scale for p in r[:-1]]) for r in rows])
+                down_scale = torch.stack([r[-1].scale for r in rows])
+            stacks = cls(fmt, gated, gate_up, gate_up_scale, down, down_scale)
             for e, (module, r) in enumerate(zip(per_expert, rows)):
-                self._view(r, e)
-                self._view_packed(module, e)
+                stacks._view(r, e)
+                stacks._view_packed(module, e)
+        return stacks
 
     @classmethod
     def of_packed(cls, experts: nn.Module) -> QuantizedExpertStacks:
         """The stacks of ``quantize_packed_stacks``' experts, read in place: their gate/up and down, each
         expert's one scale a projection as gate's and up's ([E, 2], a stride-0 view) and down's ([E])."""
-        stacks = cls.__new__(cls)
-        stacks.gated, stacks.format = True, experts.packed_format
-        stacks.gate_up, stacks.down = experts.gate_up_proj, experts.down_proj
-        gate_up_scale = getattr(experts, "gate_up_proj" + PACKED_SCALE)
-        stacks.gate_up_scale = gate_up_scale.reshape(-1, 1).expand(-1, 2)
-        stacks.down_scale = getattr(experts, "down_proj" + PACKED_SCALE).reshape(-1)
-        return stacks
+        gate_up_scale = getattr(experts, "gate_up_proj" + PACKED_SCALE).reshape(-1, 1).expand(-1, 2)
+        down_scale = getattr(experts, "down_proj" + PACKED_SCALE).reshape(-1)
+        return cls(
+            experts.packed_format,
+            True,
+            experts.gate_up_proj,
+            gate_up_scale,
+            experts.down_proj,
+            down_scale,
+        )
 
     def _view(self, projections: tuple[QuantizedLinear, ...], e: int) -> None:
         """Expert ``e``'s tensors as views of the stacks (their rows of gate_up, its down)."""
@@ -372,7 +391,7 @@ def run_quantized_experts(
     tensors moved), then one run (``ready``, ``row_scale``: ``QuantizedExpertStacks.run``'s)."""
     stacks = experts.quantized_stacks
     if stacks is None or not stacks.current(experts.per_expert):
-        stacks = QuantizedExpertStacks(experts.per_expert, experts.activation.gated)
+        stacks = QuantizedExpertStacks.of_modules(experts.per_expert, experts.activation.gated)
         experts.quantized_stacks = stacks
     activation = experts.activation
     return stacks.run(
