@@ -427,6 +427,9 @@ PUBLISHED_FP8_UNQUANTIZED = {
 }
 # The shapes each quantization applies to (None: every shape). Kimi's ignore list names DeepSeek-V3's modules
 # (self_attn, shared_experts, a dense layer's mlp.*_proj): on another family it would quantize attention.
+# The shapes a quantization applies to; None: every shape but those whose experts are fused stacks (gate_up_proj
+# [E, 2I, H]), which the dummy load does not quantize (layers/quant/loading.py quantize_dummy_modules)
+FUSED_EXPERT_SHAPES = ("gemma-4-26b-a4b", "mistral-small-4-slice")
 QUANTIZED_SHAPES = {
     "fp8": None,
     "fp8-published": ("qwen3-next-80b-slice", "qwen3-next-80b", "qwen3.5", "qwen3.5-35b-a3b"),
@@ -453,7 +456,8 @@ def bench_shapes(quantized: str | None, names: list[str] | None = None) -> dict[
     if quantized is None:
         allowed = [n for n in shapes if n not in NEEDS_QUANTIZATION]
     else:
-        allowed = list(QUANTIZED_SHAPES[quantized] or shapes)
+        every = [n for n in shapes if n not in FUSED_EXPERT_SHAPES]
+        allowed = list(QUANTIZED_SHAPES[quantized] or every)
     for name in names or ():
         if name in allowed:
             continue

@@ -280,6 +280,12 @@ def quantize_dummy_modules(
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     replaced: dict[int, nn.Module] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
+        if name and isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
+            raise ConfigError(
+                f"quantization_config: {scheme.description} for the fused expert stacks "
+                f"{to_ckpt(name)!r}: a dummy load does not quantize them (a checkpoint's per-tensor FP8 "
+                "stacks load: layers/quant/experts.py quantize_packed_stacks)"
+            )
         stacked = isinstance(module, StackedWeight)
         if not (isinstance(module, nn.Linear) or stacked) or not name:
             continue
