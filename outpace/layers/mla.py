@@ -57,7 +57,8 @@ from outpace.distributed.sharding import split_evenly
 from outpace.layers.fused_decoder import ends_block, fusable_rows
 from outpace.layers.linear import column_parallel, linear, project, row_parallel
 from outpace.layers.norm import RMSNorm
-from outpace.layers.quant.linear import Fp8Block, is_quantized
+from outpace.layers.quant.linear import Fp8Block, Fp8Tensor, is_quantized
+from outpace.layers.quant.scheme import FP8_BLOCK
 from outpace.layers.rotary import RotaryEmbedding
 
 
@@ -84,9 +85,12 @@ def fused_weight_format(proj: nn.Module, dtype: torch.dtype) -> str | None:
     """How layers/mla_fused.py's kernels read projection ``proj``'s weight for rows of ``dtype``: "none"
     (a contiguous weight of that dtype), "fp8_block" (block FP8 whose scale blocks span a power of two
     >= 16 columns, so that each K step of the kernels, a power of two, lies in one scale column: the
-    published checkpoints' 128 x 128), or None: they cannot."""
+    published checkpoints' 128 x 128; or per-tensor FP8, Mistral Small 4's, read as such blocks: layers/mla_fused.py
+    ``_operand``), or None: they cannot."""
     if not is_quantized(proj):
         return "none" if proj.weight.dtype == dtype and proj.weight.is_contiguous() else None
+    if isinstance(proj.format, Fp8Tensor) and proj.stored_weight.is_contiguous():
+        return FP8_BLOCK
     block_k = proj.format.scheme.block[1] if isinstance(proj.format, Fp8Block) else 0
     if block_k >= 16 and block_k & (block_k - 1) == 0 and proj.stored_weight.is_contiguous():
         return proj.format.scheme.method

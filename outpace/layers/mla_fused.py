@@ -69,7 +69,7 @@ from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.fused_projection import NormedRows
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
-from outpace.layers.quant.linear import is_quantized
+from outpace.layers.quant.linear import Fp8Tensor, is_quantized
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
@@ -721,12 +721,23 @@ class _Operand:
         return self.scale.stride(0), self.scale.stride(1)
 
 
+# the blocks a per-tensor FP8 weight is read as (its checkpoint's other projections, if in block FP8, share them)
+_TENSOR_BLOCK = 128
+
+
 def _operand(proj: torch.nn.Module, dtype: torch.dtype) -> _Operand:
     fmt = fused_weight_format(proj, dtype)
     if fmt is None:
         raise ValueError(f"the fused MLA kernels cannot read {proj} for rows of {dtype}")
     if not is_quantized(proj):
         return _Operand(proj.weight, proj.weight, fmt, None)
+    if isinstance(
+        proj.format, Fp8Tensor
+    ):  # one scale, repeated over 128 x 128 blocks (a stride-0 view)
+        n, k = proj.stored_weight.shape
+        block = (_TENSOR_BLOCK, _TENSOR_BLOCK)
+        scale = proj.scale.reshape(1, 1).expand(triton.cdiv(n, block[0]), triton.cdiv(k, block[1]))
+        return _Operand(proj.stored_weight, scale, fmt, block)
     return _Operand(proj.stored_weight, proj.scale, fmt, proj.format.scheme.block)
 
 

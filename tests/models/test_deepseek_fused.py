@@ -21,6 +21,7 @@ from helpers.hf_models import save_hf_model  # noqa: E402
 from helpers.quantized_checkpoints import (  # noqa: E402
     block_fp8_config,
     is_projection,
+    write_mistral4_fp8,
     write_quantized,
 )
 from outpace.layers import fused_decoder  # noqa: E402
@@ -32,7 +33,8 @@ from outpace.models.deepseek import DeepseekDecoderLayer  # noqa: E402
 if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)
     pytest.skip("forces the fused path onto CPU tensors", allow_module_level=True)
 
-# variant -> (tests/helpers/deepseek_models.py variant, overrides, block FP8): the dense first layer, then MoE
+# variant -> (tests/helpers/deepseek_models.py variant, overrides, FP8: None, "block" or "mistral4"): the dense
+# first layer, then MoE
 # layers with a shared expert (n_shared_experts 1: one shared slot of the routed experts' width); in block FP8
 # every projection as DeepSeek-V3's checkpoint stores it, the routed and shared experts, the dense MLP and o_proj
 # included (their fp8 products finish the residual add and the next norm), in 8 x 64 scale blocks: the grouped
@@ -40,12 +42,15 @@ if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensor
 # rows not (its gate and up do not pack and fold the norm in a launch each, as DeepSeek-V2-Lite's 10944 rows in
 # 128-row blocks)
 VARIANTS = {
-    "v2": ("v2-greedy", dict(q_lora_rank=None), False),
-    "v3": ("v3-yarn", {}, False),
-    "v3-fp8": ("v3-yarn", dict(intermediate_size=84), True),
+    "v2": ("v2-greedy", dict(q_lora_rank=None), None),
+    "v3": ("v3-yarn", {}, None),
+    "v3-fp8": ("v3-yarn", dict(intermediate_size=84), "block"),
     # Mistral 4 (helpers/deepseek_models.py MISTRAL4): a softmax router over groups, stacked experts, and the
     # decode's queries at positions 20, 9 and 33 (the first and last scaled) on the absorbed latent and the rotated part
-    "mistral4": ("mistral4", {}, False),
+    "mistral4": ("mistral4", {}, None),
+    # ... in its FP8 release's layout (helpers/quantized_checkpoints.py write_mistral4_fp8): MLA's per-tensor FP8
+    # down projections read by the fused kernels as 128 x 128 blocks of one scale, the fused expert stacks
+    "mistral4-fp8": ("mistral4", {}, "mistral4"),
 }
 
 
@@ -61,10 +66,12 @@ def checkpoints(tmp_path_factory):
                 make_hf_mistral4 if name == "mistral4" else lambda **o: make_hf_deepseek(name, **o)
             )
             cache[variant] = save_hf_model(make(**overrides), path / "bf16")
-            if fp8:
+            if fp8 == "block":
                 cache[variant] = write_quantized(
                     cache[variant], path, "fp8_block", is_projection, block_fp8_config((8, 64))
                 )[0]
+            elif fp8 == "mistral4":
+                cache[variant] = write_mistral4_fp8(cache[variant], path)[0]
         return cache[variant]
 
     return get
@@ -135,7 +142,7 @@ def test_deepseek_layers_fused_compute_the_eager_forward(
     logits, caches = _decode(path, monkeypatch, True, moe_kernels, norms_run)
     # every layer fused: the dense one, then the MoE ones
     assert fused_layers == [False, True, True]
-    if VARIANTS[variant][2]:
+    if VARIANTS[variant][2] == "block":
         # fp8: the dense o_proj readies the post-attention norm, which gate and up fold in, and down_proj the
         # next layer's input norm; a MoE layer's o_proj readies its norm where the block takes the stream so
         assert finished[:4] == [(False, True), (True, False), (True, False), (False, True)], (
