@@ -287,14 +287,18 @@ def fp8_layer(q_lora_rank: int | None, device: str) -> MultiHeadLatentAttention:
     return quantize_projections(layer, seed=q_lora_rank or 1, scale_dtype=scale_dtype)
 
 
-def fp8_case(q_lora_rank: int | None, layout: str):
-    """An FP8 layer and ``run``'s arguments after the backend: the layout over blocks of 5 rows."""
-    layer = fp8_layer(q_lora_rank, "cpu")
+def fp8_args(layout: str) -> tuple:
+    """``run``'s arguments after the backend for the ``FP8_SHAPES`` layers: the layout over blocks of 5 rows."""
     g = torch.Generator().manual_seed(len(layout))
     meta, num_blocks = make_meta(layout, 5, g, "cpu")
     x = torch.randn(meta.slot_mapping.shape[0], 300, generator=g)
     cache_init = torch.randn(num_blocks, 5, 1, 44, generator=g)
-    return layer, (meta, num_blocks, 5, x, positions_of(meta), cache_init)
+    return meta, num_blocks, 5, x, positions_of(meta), cache_init
+
+
+def fp8_case(q_lora_rank: int | None, layout: str):
+    """An FP8 layer and ``run``'s arguments after the backend (``fp8_args``)."""
+    return fp8_layer(q_lora_rank, "cpu"), fp8_args(layout)
 
 
 @cpu_only
@@ -315,6 +319,31 @@ def test_block_fp8_projections_equal_the_eager_layer(
     monkeypatch.setattr(mla_fused, "fp8_scale_columns", columns)
     layer, args = fp8_case(q_lora_rank, layout)
     assert_fused_equals_eager(layer, args, fused_calls)
+
+
+@cpu_only
+@pytest.mark.parametrize("q_lora_rank", [None, 136])
+def test_per_tensor_fp8_projections_equal_the_eager_layer(q_lora_rank, fused_calls):
+    """Per-tensor FP8 projections (Mistral Small 4's: one scale a weight) read by the kernels as 128 x 128 blocks
+    of that scale (layers/mla_fused.py ``_operand``): the eager layer's output and latent cache; a doubled scale
+    on q_b (or q_proj) or kv_a makes them differ (q_a's rows pass through its RMSNorm, which a common factor
+    does not change)."""
+    layer = make_layer(FP8_SHAPES[q_lora_rank], q_lora_rank is None, "cpu")
+    layer = quantize_projections(
+        layer, 3, QuantScheme(FP8_TENSOR, "test"), scale_dtype=torch.bfloat16
+    )
+    args = fp8_args("chain5")
+    assert_fused_equals_eager(layer, args, fused_calls)
+    ref_out, _ = run(layer, "torch", *args)
+    for proj in layer.fused_projections():
+        if proj is getattr(layer, "q_a_proj", None):
+            continue
+        right = proj.scale.clone()
+        proj.scale.copy_(2 * right)
+        out, _ = run(layer, "triton", *args)
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(out, ref_out, rtol=2e-5, atol=2e-5)
+        proj.scale.copy_(right)
 
 
 @cpu_only
@@ -343,16 +372,17 @@ def test_a_wrong_scale_convention_fails(q_lora_rank, columns, fused_calls, monke
 
 @cpu_only
 def test_fuses_reads_block_fp8_and_leaves_other_formats_to_the_eager_path(fused_calls):
-    """``fuses``: block FP8 q_a, q_b and kv_a (scale blocks of a power of two columns) fuse; per-tensor FP8
-    or INT4 on any of them, or block FP8 of 96 columns a block, take the eager path; kv_b_proj and o_proj
-    fuse in any format (read through ``up_weights`` and called as a module)."""
+    """``fuses``: block FP8 q_a, q_b and kv_a (scale blocks of a power of two columns) fuse, and so do
+    per-tensor FP8 ones (read as 128 x 128 blocks of one scale); INT4 on any of them, or block FP8 of 96
+    columns a block, take the eager path; kv_b_proj and o_proj fuse in any format (read through
+    ``up_weights`` and called as a module)."""
     shape = MLAShape(64, 2, 32, 32, 8, 8, 16, scale=0.3)
     int4 = QuantScheme(INT4_GROUP, "test", group=32)
     cases = [
         (FP8, None, True),
         (QuantScheme(FP8_BLOCK, "test", block=(64, 32)), None, True),
         (QuantScheme(FP8_BLOCK, "test", block=(128, 96)), ("kv_a_proj_with_mqa",), False),
-        (QuantScheme(FP8_TENSOR, "test"), ("q_a_proj",), False),
+        (QuantScheme(FP8_TENSOR, "test"), ("q_a_proj",), True),
         (int4, ("q_b_proj",), False),
         (int4, ("kv_a_proj_with_mqa",), False),
         (int4, ("kv_b_proj", "o_proj"), True),
