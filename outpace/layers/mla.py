@@ -214,9 +214,9 @@ class MultiHeadLatentAttention(PagedCacheLayer):
         outputs.
 
         Quantized projections: the two fused kernels read q_a_proj, kv_a_proj_with_mqa and q_b_proj (or
-        q_proj) themselves, as stored in x's dtype or in block FP8 (``fused_weight_format``); any other
-        format of these (per-tensor FP8, INT4 groups) takes the eager path, whose projections have kernels
-        of their own. kv_b_proj and o_proj may be stored in any format: the fused block reads W_UK and W_UV
+        q_proj) themselves, as stored in x's dtype, in block FP8 or in per-tensor FP8 (read as blocks:
+        ``fused_weight_format``); any other format of these (INT4 groups) takes the eager path, whose
+        projections have kernels of their own. kv_b_proj and o_proj may be stored in any format: the fused block reads W_UK and W_UV
         through ``up_weights`` (a quantized kv_b_proj dequantized once after loading, as the eager path
         reads it) and calls o_proj as a module (the few-row quantized kernel for a quantized one)."""
         ctx = get_forward_context()

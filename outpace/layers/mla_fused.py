@@ -33,7 +33,9 @@ dequantize a tile in registers to the rows' dtype, times its block's scale (the 
 ``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most ``fp8_scale_columns``
 scale blocks' columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after
 loading, as the eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the
-same five launches. Which formats the kernels take: layers/mla.py ``fuses``.
+same five launches. Per-tensor FP8 checkpoints (Mistral Small 4's) are read the same way, each weight's one
+scale viewed as that of every 128 x 128 block (``_operand``). Which formats the kernels take: layers/mla.py
+``fuses``.
 
 Kernels 1 and 2 launch with programmatic dependent launch on Hopper (layers/pdl.py): their programs
 start while the kernel before drains, prefetch their first weight columns into L2, then wait.
