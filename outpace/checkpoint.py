@@ -28,6 +28,7 @@ import json
 import pickle
 import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -219,6 +220,13 @@ def checkpoint_tensor_names(model_dir: str | Path) -> set[str]:
     return names
 
 
+def skips_tensor(model: nn.Module) -> Callable[[str], bool]:
+    """Whether the loader skips a checkpoint tensor of this name unread: the model's
+    ``ignored_checkpoint_tensors`` (regexes: a multimodal checkpoint's towers, rotary tables)."""
+    ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
+    return lambda name: any(r.search(name) for r in ignored)
+
+
 def load_checkpoint(
     model: nn.Module, model_dir: str | Path, progress: bool = True, part: str | None = None
 ) -> None:
@@ -250,7 +258,7 @@ def load_checkpoint(
         for prefix, module in model.named_modules()
         for name in getattr(module, "checkpoint_tensors_elsewhere", list)()
     }
-    ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
+    ignored = skips_tensor(model)
     seen: set[str] = set()
     finite = FinitenessCheck()
     files = checkpoint_files(model_dir)
@@ -259,9 +267,7 @@ def load_checkpoint(
     ):
         with open_shard(path) as f:
             for name in f.keys():
-                if any(r.search(name) for r in ignored) or (
-                    name in all_names and name not in params
-                ):
+                if ignored(name) or (name in all_names and name not in params):
                     continue
                 if name not in params and name not in buffers:
                     if part is not None:

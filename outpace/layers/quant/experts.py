@@ -90,7 +90,7 @@ def grouped_kernels_take(experts: nn.Module) -> bool:
     stacked into one gate/up tensor), INT4 groups of a power of two that divide H and I. Else they run
     eagerly (``run_experts``)."""
     gated = experts.activation.gated
-    if getattr(experts, "packed_format", None) is not None:  # (per-tensor FP8, read as blocks)
+    if packed_format(experts) is not None:  # (per-tensor FP8, read as blocks)
         scales = [getattr(experts, n + PACKED_SCALE) for n in ("gate_up_proj", "down_proj")]
         return all(s.dtype in _KERNEL_SCALE_DTYPES for s in scales)
     if has_quantized_stacks(experts):  # (gate and up read apart: no common block needed)
@@ -453,8 +453,18 @@ def has_quantized_stacks(experts: nn.Module) -> bool:
     ``QuantizedStackedWeight``, or transformers' fused stacks: ``quantize_packed_stacks``)."""
     return (
         isinstance(getattr(experts, "down_proj", None), QuantizedStackedWeight)
-        or getattr(experts, "packed_format", None) is not None
+        or packed_format(experts) is not None
     )
+
+
+def has_packed_stacks(module: nn.Module) -> bool:
+    """Whether ``module`` is a ``RoutedExperts`` of packed stacks (a ``gate_up_proj`` parameter [E, 2I, H])."""
+    return isinstance(getattr(module, "gate_up_proj", None), nn.Parameter)
+
+
+def packed_format(experts: nn.Module) -> Fp8Tensor | None:
+    """The format ``quantize_packed_stacks`` made a ``RoutedExperts``' packed stacks (None: not quantized)."""
+    return getattr(experts, "packed_format", None)
 
 
 # transformers' fused FP8 experts (integrations/finegrained_fp8.py ``FP8Experts``): beside ``gate_up_proj`` and
@@ -505,7 +515,7 @@ def packed_expert_weights(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert ``e``'s gate/up [2I, H] and down [H, I] of packed stacks, dequantized to ``dtype`` where
     ``quantize_packed_stacks`` made them FP8 (the eager path)."""
-    fmt = getattr(experts, "packed_format", None)
+    fmt = packed_format(experts)
     weights = experts.gate_up_proj[e], experts.down_proj[e]
     if fmt is None:
         return weights
@@ -527,7 +537,7 @@ def run_quantized_stacks(
     (layers/moe_kernels.py with their scales: the stacks are read in place, gate and up apart; ``ready``,
     ``row_scale``: the fused residual stack's, grouped_experts'); of packed per-tensor FP8 stacks
     (``quantize_packed_stacks``), as ``QuantizedExpertStacks.of_packed`` reads them."""
-    if getattr(experts, "packed_format", None) is not None:
+    if packed_format(experts) is not None:
         activation = experts.activation
         return QuantizedExpertStacks.of_packed(experts).run(
             x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots,

@@ -16,18 +16,18 @@ beside them, in per-tensor FP8 (``_quantize_packed``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from outpace.checkpoint import CheckpointError, checkpoint_files, open_shard
+from outpace.checkpoint import CheckpointError, checkpoint_files, open_shard, skips_tensor
 from outpace.layers.quant.experts import (
     PACKED_ACTIVATION_SCALE,
     PACKED_SCALE,
     QuantizedStackedWeight,
+    has_packed_stacks,
     quantize_packed_stacks,
 )
 from outpace.layers.quant.linear import (
@@ -110,8 +110,8 @@ def quantize_modules(
             replaced[id(module)] = make(module, fmt, scale[0], prefix, device)
         quantized_prefixes.add(prefix)
     _replace_everywhere(model, replaced)
-    ignored = [re.compile(p) for p in getattr(model, "ignored_checkpoint_tensors", ())]
-    unread = {n: t for n, t in tensors.items() if not any(r.search(n) for r in ignored)}
+    skipped = skips_tensor(model)
+    unread = {n: t for n, t in tensors.items() if not skipped(n)}
     _refuse_unclaimed(unread, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
     return len(replaced)
 
@@ -129,7 +129,7 @@ def _quantize_packed(
     checkpoint stores quantized, as transformers' fused FP8 experts (a ``gate_up_proj_scale_inv`` beside them):
     then made to hold them so (layers/quant/experts.py ``quantize_packed_stacks``), in per-tensor FP8 only (any
     other format refused naming the tensor and its file); marked in ``done`` once."""
-    if not name or not isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
+    if not name or not has_packed_stacks(module):
         return False
     prefix = to_ckpt(f"{name}.down_proj").removesuffix(".down_proj")
     scale = tensors.get(f"{prefix}.gate_up_proj{PACKED_SCALE}")
@@ -280,7 +280,7 @@ def quantize_dummy_modules(
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     replaced: dict[int, nn.Module] = {}
     for name, module in list(model.named_modules(remove_duplicate=False)):
-        if name and isinstance(getattr(module, "gate_up_proj", None), nn.Parameter):
+        if name and has_packed_stacks(module):
             raise ConfigError(
                 f"quantization_config: {scheme.description} for the fused expert stacks "
                 f"{to_ckpt(name)!r}: a dummy load does not quantize them (a checkpoint's per-tensor FP8 "
