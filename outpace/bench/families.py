@@ -85,6 +85,7 @@ ESTIMATE_S = {
     "nemotron-h-8b": 110,
     "gemma-3-12b": 110,
     "gemma-4-26b-a4b": 140,
+    "mistral-small-4-slice": 130,
     "step-3.5-flash-slice": 130,
 }
 

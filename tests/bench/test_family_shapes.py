@@ -182,6 +182,12 @@ def test_a_run_measures_what_is_not_measured_yet_within_its_time_limit(monkeypat
         families.run_families_bench(tmp_path, 1.0, ["llama-9b"])
 
 
+def test_every_shape_has_a_time_estimate():
+    import outpace.bench.families as families
+
+    assert set(families.ESTIMATE_S) == set(family_shapes())
+
+
 def test_reports_of_parts_of_the_shapes_merge_into_one():
     from outpace.bench.families import merge_reports
 
