@@ -337,7 +337,8 @@ SWEEPS["attention_splits_llama"] = Sweep(
 )
 # The A3B MoE shapes, first benched in gpu_2026-12-05b call 1 (batch 1 at 50% of the floor): their o_proj is a
 # narrow plain projection (2048 outputs, 16 an SM: fused_projection.narrow_*), 4 (Qwen3) or 2 (Qwen3.5) KV heads
-# split over the SMs, and bf16 experts of 768 / 512 intermediate rows on the few-token tiles
+# split over the SMs, bf16 experts of 768 / 512 intermediate rows on the few-token tiles, and a route over 128 /
+# 256 experts
 SWEEPS |= _on_shapes(
     "a3b_",
     ((1, 512), (8, 512)),
@@ -350,8 +351,25 @@ SWEEPS |= _on_shapes(
         {"few_token_gate_up": (64, 128, 4, 4)},
         {"few_token_gate_up": (32, 256, 4, 3)},
         {"few_token_down": (32, 128, 4, 4)},
+        # one token's top 8 of 128 experts by one partial sort rather than 8 rounds of a max (the route kernel
+        # took 4.1 us a layer, gpu_2026-12-05b call 4)
+        {"sorted_top_k_experts": 128},
     ),
     (("qwen3", "qwen3-30b-a3b", None), ("qwen35", "qwen3.5-35b-a3b", None)),
+)
+# the gate/up kernel's few-token tiles at a K step of 256 over 3 stages, which won on both A3B shapes at batch 1 and
+# 8 (gpu_2026-12-05c calls 1 and 2, H100): on the other MoE shapes, bf16 and block FP8
+SWEEPS |= _on_shapes(
+    "gate_up_k256_",
+    ((1, 512), (8, 512), (32, 512)),
+    ({}, {"few_token_gate_up": (32, 256, 4, 3)}),
+    (
+        ("v2", "deepseek-v2-lite", None),
+        ("v2_fp8", "deepseek-v2-lite", "fp8"),
+        ("gemma4", "gemma-4-26b-a4b", None),
+        ("qwen3next", "qwen3-next-80b-slice", None),
+        ("mistral4", "mistral-small-4-slice", None),
+    ),
 )
 SWIGLU_SETTINGS = (
     {},

@@ -144,9 +144,15 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 
 # (BLOCK_N, BLOCK_K, warps, stages) of the gate/up and the down kernel over blocks of a few tokens (BLOCK_M 16:
 # decode and verify), without register spills (ptxas -v for sm_90a). Over block-FP8 stacks too: of 9 settings
-# (benchmarks/scripts/moe_fp8_settings.py, gpu_2026-11-30f call 3, with each step's product scaled) these were
-# the fastest at 1-8 tokens at Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages 10-30% slower).
-few_token_gate_up = (32, 128, 4, 4)
+# (benchmarks/scripts/moe_fp8_settings.py, gpu_2026-11-30f call 3, with each step's product scaled) (32, 128, 4, 4)
+# and (64, 128, 4, 4) were the fastest at 1-8 tokens at Step-3.5-Flash's and DeepSeek-V2-Lite's shapes (8 stages
+# 10-30% slower). The gate/up kernel's K step of 256 over 3 stages since: in the decode step (decode_settings.py
+# a3b_* and gate_up_k256_*, gpu_2026-12-05c calls 1-3, an H100, ms at batch 1 / 8 / 32, 512 cached tokens, against
+# (32, 128, 4, 4)) Qwen3-30B-A3B 3.375 / 10.264 against 3.426 / 10.350, Qwen3.5-35B-A3B 3.299 / 8.466 against
+# 3.332 / 8.528, DeepSeek-V2-Lite 2.533 / 6.997 / 12.370 against 2.581 / 6.965 / 12.399, in block FP8 2.038 / 4.764
+# / 8.160 against 2.037 / 4.785 / 8.200, Gemma 4 3.900 / 9.460 / 18.826 against 3.894 / 9.475 / 18.890, the
+# Mistral Small 4 slice 1.621 / 4.896 / 12.167 against 1.637 / 4.894 / 12.200.
+few_token_gate_up = (32, 256, 4, 3)
 few_token_down = (64, 128, 4, 4)
 # Whether quantized stacks launch with programmatic dependent launch too, by format. Alone (decode_settings.py
 # moe_pdl_*, gpu_2026-12-04e call 4), decode step ms at batch 1 / 8, 512 cached tokens, without / with: block FP8
