@@ -30,6 +30,8 @@ from outpace.layers.quant import quant_matmul_kernel
 # knob -> (module, attribute)
 KNOBS = {
     "min_split_rows": (mla_kernels, "min_split_rows"),
+    "prefetch_kv_rows": (triton_kernels, "prefetch_kv_rows"),
+    "mla_prefetch_kv_rows": (mla_kernels, "prefetch_kv_rows"),
     "attention_programs_per_sm": (triton_kernels, "_PROGRAMS_PER_SM"),
     "half_block_n": (mla_kernels, "half_block_n"),
     "attention_warps": (mla_kernels, "attention_warps"),
@@ -369,6 +371,22 @@ SWEEPS |= _on_shapes(
         ("gemma4", "gemma-4-26b-a4b", None),
         ("qwen3next", "qwen3-next-80b-slice", None),
         ("mistral4", "mistral-small-4-slice", None),
+    ),
+)
+# the attention kernels' cache rows asked into L2 before their dependent launch's wait (``prefetch_kv_rows``): the
+# paged kernel's K and V rows (Llama-3.1-8B, Qwen3-30B-A3B), MLA's latent rows (DeepSeek-V2-Lite)
+SWEEPS |= _on_shapes(
+    "kv_prefetch_",
+    ((1, 512), (8, 512), (32, 512)),
+    (
+        {},
+        {"prefetch_kv_rows": 64, "mla_prefetch_kv_rows": 64},
+        {"prefetch_kv_rows": 128, "mla_prefetch_kv_rows": 128},
+    ),
+    (
+        ("llama", "llama-3.1-8b", None),
+        ("qwen3", "qwen3-30b-a3b", None),
+        ("v2", "deepseek-v2-lite", None),
     ),
 )
 SWIGLU_SETTINGS = (

@@ -145,7 +145,7 @@ from outpace.attention.context import batch_invariant
 from outpace.attention.kv_quant import FP8_KV_MAX, is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.fused_kernels import sigmoid_gated
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -155,6 +155,11 @@ FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
 # batch 1 over 512 / 2048 cached rows, batch 8 over 512): 2 (8 splits of 64 rows at batch 1 and 512) 4.049 / 4.121
 # / 4.280; 0.25 (4 splits) 4.098 / 4.459 / 4.573; 0 (one split: no merge launch) 4.450 / 5.913 / 4.570.
 _PROGRAMS_PER_SM = 2
+# With programmatic dependent launch, KV rows of its range a program asks into L2 before it waits on the kernel
+# before it (``prefetch_cache_rows``; 0: none; MLA's kernel too, attention/mla_kernels.py). The cached rows do not depend on that kernel, so their HBM reads can
+# overlap its drain; the first KV tile's loads after the wait then come from L2.
+prefetch_kv_rows = 0
+_LINE_BYTES = 128  # an L2 line
 _MAX_SPLITS = 64
 _MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
 _INVARIANT_BLOCK_M = 64  # batch-invariant variant: tile rows, whatever the query length (fp16/bf16)
@@ -311,6 +316,37 @@ def _kv_offsets(rows, ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: t
     block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=ok, other=0)
     slot = block * BLOCK_SIZE + rows % BLOCK_SIZE  # [BLOCK_N] int64
     return slot[:, None] * stride_cache_slot + offs_d[None, :], ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
+def prefetch_cache_rows(
+    lo,
+    hi,
+    bt_ptr,  # the sequence's block table row
+    base,  # the cache's first element of the rows' head (or of the rows: MLA's latent cache)
+    stride_cache_slot,
+    ROW_ELEMS: tl.constexpr,  # a row's elements
+    BLOCK_SIZE: tl.constexpr,
+    ROWS: tl.constexpr,
+    LINES: tl.constexpr,  # a power of two >= the L2 lines a row spans
+    LINE_ELEMS: tl.constexpr,  # cache elements a line holds
+):
+    """Asks for cache rows lo .. min(hi, lo + ROWS) - 1 to be brought into L2 (``prefetch_l2``), for a program
+    about to wait on the kernel before it (``prefetch_kv_rows``). It reads the block table, which is complete
+    before an attention kernel starts (``_attention_kernel``). A row that kernel writes (a new token's) may be
+    asked for too: the prefetch is a hint, and L2 is where global memory is coherent."""
+    rows = lo + tl.arange(0, ROWS)  # [ROWS]
+    lines = tl.arange(0, LINES) * LINE_ELEMS  # [LINES]
+    offs, ok = _kv_offsets(
+        rows, rows < hi, bt_ptr, stride_cache_slot, lines, lines < ROW_ELEMS, BLOCK_SIZE
+    )  # [ROWS, LINES]
+    prefetch_l2(base + tl.where(ok, offs, 0))
+
+
+def prefetch_lines(row_elems: int, cache: torch.Tensor) -> tuple[int, int]:
+    """(LINES, LINE_ELEMS) of ``prefetch_cache_rows`` for rows of ``row_elems`` elements of ``cache``."""
+    line_elems = _LINE_BYTES // cache.element_size()
+    return triton.next_power_of_2(triton.cdiv(row_elems, line_elems)), line_elems
 
 
 @triton.jit
@@ -518,6 +554,9 @@ def _attention_kernel(
     PDL: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
     GATE: tl.constexpr,  # an output gate: 0 none, 1 one logit a head, 2 one an element (``_output_values``)
+    PREFETCH_ROWS: tl.constexpr,  # (with PDL) KV rows asked into L2 before the wait (``prefetch_kv_rows``)
+    LINES: tl.constexpr,
+    LINE_ELEMS: tl.constexpr,  # a cache row's L2 lines, and the elements a line holds (PREFETCH_ROWS)
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
@@ -546,6 +585,35 @@ def _attention_kernel(
         BLOCK_M,
         BLOCK_D,
     )
+    if PREFETCH_ROWS > 0:
+        if kv_lo < kv_hi:
+            bt_ptr = block_tables_ptr + seq * stride_bt_seq
+            head_offset = kv_head * stride_cache_head
+            k_base, v_base = k_cache_ptr + head_offset, v_cache_ptr + head_offset
+            prefetch_cache_rows(
+                kv_lo,
+                kv_hi,
+                bt_ptr,
+                k_base,
+                stride_cache_slot,
+                HEAD_DIM,
+                BLOCK_SIZE,
+                PREFETCH_ROWS,
+                LINES,
+                LINE_ELEMS,
+            )
+            prefetch_cache_rows(
+                kv_lo,
+                kv_hi,
+                bt_ptr,
+                v_base,
+                stride_cache_slot,
+                HEAD_DIM,
+                BLOCK_SIZE,
+                PREFETCH_ROWS,
+                LINES,
+                LINE_ELEMS,
+            )
     pdl_enter(PDL)
     # A split past the rows its tile sees does nothing: the combine reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
@@ -1668,6 +1736,7 @@ def paged_attention(
     sliding = sliding_window is not None
     k_scale, v_scale = _scale_args(k_cache, kv_scales)
     grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
+    lines, line_elems = prefetch_lines(head_dim, k_cache)
     _attention_kernel[grid](
         q,
         k_cache,
@@ -1716,6 +1785,9 @@ def paged_attention(
         PDL=pdl,
         KV_SCALED=kv_scales is not None,
         GATE=0 if cfg.num_splits > 1 else gate_kind,  # split: the combine stores the output
+        PREFETCH_ROWS=prefetch_kv_rows if pdl else 0,
+        LINES=lines,
+        LINE_ELEMS=line_elems,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch_options(pdl),

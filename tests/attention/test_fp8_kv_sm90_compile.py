@@ -46,7 +46,7 @@ for name, query_len, masked in (("decode", 1, False), ("tree+window", 6, True)):
     build(tk._attention_kernel, attention,
           dict(shape, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                BLOCK_N_TAIL=cfg.block_n_tail, BLOCK_D=cfg.block_d, SPLIT_KV=True, HAS_MASK=masked,
-               SLIDING=masked, PDL=False),
+               SLIDING=masked, PDL=False, PREFETCH_ROWS=0, LINES=1, LINE_ELEMS=128),
           name, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 cfg = tk.invariant_launch_config(8, 4, 128, 2, 6, 8192)
 build(tk._invariant_attention_kernel, attention,
@@ -64,7 +64,7 @@ for name, heads, block_m, logical, warps, options in (
     build(mk._mla_kernel, mla,
           dict(HEADS=heads, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=block_m, BLOCK_N=32,
                Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=logical, BLOCK_W=16,
-               PRECISION="tf32", KV_SCALED=True, PDL=not logical),
+               PRECISION="tf32", KV_SCALED=True, PDL=not logical, PREFETCH_ROWS=0, LINES=1, LINE_ELEMS=128),
           name, num_warps=warps, num_stages=2, **options)
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}
