@@ -14,7 +14,9 @@ Step-3.5-Flash's stacks (gate, up and down apart, expert parallel: slots skipped
 without spilling registers (ptxas -v), and the few-token tiles stream their weights through cp.async (the
 software pipeline whose stages the tiles set). Compiled without the specialization, as this test first did, the loads fall back to
 single bytes without the pipeline, and Triton 3.6's ptxas spilled the fp8 gate/up kernel's registers; the
-runtime never compiles that at these shapes. Over Kimi-K2-Thinking's INT4 stacks at one token each grouped kernel
+runtime never compiles that at these shapes. Over bf16 stacks (Qwen3-30B-A3B's experts) at one and eight tokens
+the few-token tiles (moe_kernels.few_token_gate_up, few_token_down) stream through cp.async onto the tensor
+cores without spills. Over Kimi-K2-Thinking's INT4 stacks at one token each grouped kernel
 reads one row a block on the CUDA cores (no tensor cores, no conversion instruction), at two each pair apart
 (moe_kernels.py PAIRS APART) the same way; past ``pairs_apart_max_tokens`` it turns the nibbles
 into bf16 by PTX (lop3, bf16x2 fmas: quant_matmul_kernel.int4_tile_by_ptx) and streams its words and bf16 scales
@@ -122,6 +124,24 @@ for (name, run), tokens in itertools.product(
                 streams = kwargs["ROWS"] == 16 and "cp.async" in ptx
             ok = "0 bytes spill stores" in report and streams and pdl == ("griddepcontrol.wait" in ptx)
             print(f"{kernel.__name__}:fp8_block:{name}:{tokens}:pdl={pdl}", ok)
+def bf16_stacks(tokens, experts=8, hidden=2048, inter=768):
+    '''Qwen3-30B-A3B's bf16 experts (gate and up views of one packed stack): moe_kernels.grouped_experts' launch
+    at the few-token tiles (mk.few_token_gate_up, mk.few_token_down).'''
+    packed = torch.empty(experts, 2 * inter, hidden, dtype=torch.bfloat16)
+    x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
+    ids = torch.zeros(tokens, 8, dtype=torch.int32)
+    mk.grouped_experts(x, torch.empty(tokens, 8), ids, packed[:, :inter], packed[:, inter:],
+                       torch.empty(experts, hidden, inter, dtype=torch.bfloat16),
+                       layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"))
+
+for tokens in (1, 8):  # the 16-row tiles on the tensor cores, weights streamed through cp.async, no spills
+    launches = launched(lambda: bf16_stacks(tokens))
+    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+        args, kwargs = launches[kernel.__name__]
+        compiled = compile_as_launched(kernel, args, kwargs)
+        report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
+        ok = kwargs["ROWS"] == 16 and "cp.async" in ptx and "mma" in ptx and "0 bytes spill stores" in report
+        print(f"{kernel.__name__}:bf16:qwen3-30b-a3b:{tokens}", ok)
 def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
     '''Kimi-K2-Thinking's INT4 experts (compressed-tensors pack-quantized, bf16 scales of 32 columns):
     moe_quant_kernels.int4_group_grouped_experts' launch.'''
@@ -208,6 +228,11 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
         for tokens in (1, 2)
         for kernel in ("_gate_up_kernel", "_down_kernel")
         for pdl in (False, True)
+    ]
+    names += [
+        f"{kernel}:bf16:qwen3-30b-a3b:{tokens}"
+        for tokens in (1, 8)
+        for kernel in ("_gate_up_kernel", "_down_kernel")
     ]
     names += [
         f"{kernel}:int4_group:kimi-k2:{tokens}"
