@@ -55,6 +55,7 @@ KNOBS = {
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
     "narrow_block_k": (fused_projection, "narrow_block_k"),
+    "qkv_split_k": (fused_projection, "qkv_split_k"),
     "narrow_stages": (fused_projection, "narrow_stages"),
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
@@ -387,6 +388,19 @@ SWEEPS |= _on_shapes(
         ("llama", "llama-3.1-8b", None),
         ("qwen3", "qwen3-30b-a3b", None),
         ("v2", "deepseek-v2-lite", None),
+    ),
+)
+# q/k/v with per-head norms in one launch, K split among a head's programs (``fused_projection.qkv_split_k``),
+# against the plain projection and the per-head kernel (shipped): Qwen3-30B-A3B's 40 heads of 128, Gemma-3-12B's 32
+# of 256, Gemma 4's sliding layers' 256-wide heads
+SWEEPS |= _on_shapes(
+    "qkv_split_k_",
+    ((1, 512), (8, 512)),
+    ({}, {"qkv_split_k": True}),
+    (
+        ("qwen3", "qwen3-30b-a3b", None),
+        ("gemma3", "gemma-3-12b", None),
+        ("gemma4", "gemma-4-26b-a4b", None),
     ),
 )
 SWIGLU_SETTINGS = (

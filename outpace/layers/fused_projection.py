@@ -86,6 +86,13 @@ _QKV = tl.constexpr(2)
 # gate activations (ACT)
 _ACT_SILU = tl.constexpr(0)
 _ACT_GELU_TANH = tl.constexpr(1)
+# q/k/v with per-head norms where whole heads a program would leave SMs idle (``_splits_heads``): True splits K
+# among about one program an SM, the last of a head's programs to arrive finishing it (``_sum_k_splits``), one
+# launch where the per-head kernel takes a second; False: the plain projection, then ``_qkv_heads_kernel``.
+# Off until a decode step measures it (benchmarks/scripts/decode_settings.py qkv_split_k_*).
+qkv_split_k = False
+_MAX_K_SPLITS = 8
+_MAX_SPLIT_TILES = 1024  # (row tile, program) pairs a split launch takes at most: its tickets
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
@@ -272,6 +279,8 @@ def _fused_rows_kernel(
     best_idx_ptr,
     arrivals_ptr,
     map_ptr,
+    part_ptr,
+    tickets_ptr,
     M,
     sq_m,
     N_OUT,
@@ -291,6 +300,7 @@ def _fused_rows_kernel(
     next_offset,
     qk_offset,
     cap,
+    k_per_split,
     OUTS: tl.constexpr,
     CHUNK: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
@@ -317,6 +327,7 @@ def _fused_rows_kernel(
     ARGMAX: tl.constexpr,
     MAP: tl.constexpr,
     BLOCK_PROGS: tl.constexpr,
+    K_SPLITS: tl.constexpr,
 ):
     """Program (t, p) owns outputs p * OUTS ... p * OUTS + OUTS - 1 of the rows of tile t (rows t * BM ...
     t * BM + BM - 1) and computes them as ``subs`` sub-tiles of CHUNK (<= BN) consecutive outputs each.
@@ -337,7 +348,10 @@ def _fused_rows_kernel(
     ARGMAX (PLAIN, ``head_argmax``): nothing is stored per output; out [M] int64 receives each row's first
     column of the largest result (through ``map``, a lookup table, with MAP). Each program keeps its best over
     its sub-tiles and writes it to best_val / best_idx [row tiles, programs, BM]; the row tile's last program
-    to arrive (arrivals [row tiles], left zero) takes the best of those, the lowest column among equals."""
+    to arrive (arrivals [row tiles], left zero) takes the best of those, the lowest column among equals.
+    K_SPLITS (QKV, one sub-tile a program: ``norm_project_qkv``'s split K): program (t, p, s) sums K columns
+    s * k_per_split ... (s + 1) * k_per_split - 1 only; the last of the K_SPLITS programs of (t, p) to arrive
+    adds every split's sums in split order and finishes the tile (``_sum_k_splits``)."""
     pid = tl.program_id(1)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != _PLAIN
@@ -347,13 +361,17 @@ def _fused_rows_kernel(
     if GATHER:
         src = tl.load(row_index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     ks = tl.arange(0, BK)
+    k_lo, k_hi = 0, K  # the program's K columns
+    if K_SPLITS > 1:
+        k_lo = tl.program_id(2) * k_per_split
+        k_hi = tl.minimum(K, k_lo + k_per_split)
     if PDL:
         i = pid * OUTS + tl.arange(0, BN)  # the first sub-tile's outputs
         i = tl.where((i < pid * OUTS + CHUNK) & (i < own_end), i, pid * OUTS)
         if paired:
             i = (i // HALF) * (2 * HALF) + i % HALF
-        lines = tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128 B
-        lines = tl.where(lines < K, lines, 0)[None, :]  # never past a row's end
+        lines = k_lo + tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128 B
+        lines = tl.where(lines < k_hi, lines, 0)[None, :]  # never past the program's columns
         row_a = i[:, None] * stride_wn
         prefetch_l2(w_ptr + row_a + lines)
         if paired:
@@ -392,9 +410,9 @@ def _fused_rows_kernel(
                 )
         acc_a = tl.zeros((BM, BN), dtype=tl.float32)
         acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(0, K, BK):
+        for k0 in range(k_lo, k_hi, BK):
             kk = k0 + ks  # [BK]
-            k_ok = kk < K
+            k_ok = kk < k_hi
             x = tl.load(
                 x_ptr + src[:, None] * stride_xm + kk[None, :],
                 mask=row_ok[:, None] & k_ok[None, :],
@@ -416,6 +434,11 @@ def _fused_rows_kernel(
                     x, w_b, scale_ptr, col_a + HALF, k0, i_ok, stride_sn, stride_sk, FP8,
                     SCALE_BN, SCALE_BK, PRECISION,
                 )  # fmt: skip
+        if K_SPLITS > 1:  # the tile's whole sums in its last split's program, which alone stores
+            acc_a, acc_b, last = _sum_k_splits(
+                acc_a, acc_b, part_ptr, tickets_ptr, K_SPLITS, BM, BN
+            )
+            ok = ok & last
         if SCALE_ROWS:
             acc_a *= rstd
             acc_b *= rstd
@@ -501,6 +524,40 @@ def _fused_rows_kernel(
             best_val, best_idx, best_val_ptr, best_idx_ptr, arrivals_ptr, map_ptr, out_ptr, rows,
             row_ok, N_OUT, pid, BM, BLOCK_PROGS, MAP,
         )  # fmt: skip
+
+
+@triton.jit
+def _sum_k_splits(
+    acc_a,
+    acc_b,  # [BM, BN] float32: this program's sums over its K columns
+    part_ptr,  # [K_SPLITS, row tiles x programs, 2, BM, BN] float32, written
+    tickets_ptr,  # [row tiles x programs] int32, zero between launches (layers/zeroed_scratch.py)
+    K_SPLITS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+):
+    """Split K's meeting (``_fused_rows_kernel`` K_SPLITS): this program's sums into its split's slot, then a
+    ticket. The tile's last program to take one gets (the sums of every split, added in split order: the
+    same bits whichever arrives last, True) and zeroes the ticket again; the others get (zeros, False). The
+    ticket is an atomic add, acq_rel at gpu scope, after a barrier: it releases the program's slot, and the
+    last acquires every program's, read past L1 (as ``_argmax_across_programs``)."""
+    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    slots = tl.num_programs(0) * tl.num_programs(1)
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
+    mine = part_ptr + (tl.program_id(2) * slots + tile).to(tl.int64) * (2 * BM * BN) + offs
+    tl.store(mine, acc_a)
+    tl.store(mine + BM * BN, acc_b)
+    tl.debug_barrier()  # every thread's slot before the ticket (one thread takes it for the program)
+    last = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel", scope="gpu") == K_SPLITS - 1
+    acc_a = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_b = tl.zeros((BM, BN), dtype=tl.float32)
+    for split in tl.static_range(K_SPLITS):
+        part = part_ptr + (split * slots + tile).to(tl.int64) * (2 * BM * BN) + offs
+        acc_a += tl.load(part, mask=last, other=0.0, cache_modifier=".cg")
+        acc_b += tl.load(part + BM * BN, mask=last, other=0.0, cache_modifier=".cg")
+    if last:
+        tl.atomic_xchg(tickets_ptr + tile, 0)
+    return acc_a, acc_b, last
 
 
 @triton.jit
@@ -1058,13 +1115,15 @@ def _launch(
     softcap: float | None = None,
     relu2: bool = False,
     argmax: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+    k_splits: int = 1,
 ) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
     ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap; ``relu2``:
     PLAIN's outputs relu(.)^2; ``argmax``: (row_index [M] or None, map or None), PLAIN's ARGMAX into out [M]
-    int64 (row r reads x's row row_index[r]).
+    int64 (row r reads x's row row_index[r]); ``k_splits``: QKV's K split among that many programs a head
+    (``norm_project_qkv``).
     ``tiles`` (benchmarks): (outputs a program, BK, warps, stages, outputs a sub-tile at most), None for
     the default of an entry."""
     if v_norm and qk_norm is None:
@@ -1087,6 +1146,12 @@ def _launch(
     fp8 = weight if isinstance(weight, Fp8Weight) else None
     weight = fp8.weight if fp8 else weight
     outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
+    if k_splits > 1:
+        if epilogue != _QKV.value or qk_norm is None or fp8 is not None:
+            raise ValueError(
+                "K is split for q/k/v with per-head norms over a half-precision weight only"
+            )
+        outs = half  # one head a program (one sub-tile)
     grid = _launch_grid(
         n_out,
         epilogue,
@@ -1103,10 +1168,8 @@ def _launch(
         narrow_stages if narrow else _stages(epilogue, weight.shape[0], grid.block_n)
     )
     if tiles is None and qk_norm is not None and half > 32:
-        block_k, num_stages = (
-            128,
-            4,
-        )  # one head of head_dim 128 a sub-tile, in the shared memory of 32 pairs
+        # one head a sub-tile in the shared memory of 32 pairs: of head_dim 128, and of 256 (two 128-row tiles)
+        block_k, num_stages = (128, 4) if half <= 64 else (64, 3)
     if tiles is None and x.element_size() == 4:
         block_k //= 2  # float32 (tests): the same shared memory as half precision
     if fp8 is not None:
@@ -1144,7 +1207,24 @@ def _launch(
             row_tiles,
             torch.int32,
         )
-    _fused_rows_kernel[(row_tiles, grid.programs)](
+    part = tickets = x  # (split K's: not read otherwise)
+    k_per_split = k
+    if k_splits > 1:
+        k_per_split = triton.cdiv(triton.cdiv(k, k_splits), block_k) * block_k
+        k_splits = triton.cdiv(k, k_per_split)
+        part = torch.empty(
+            k_splits * row_tiles * grid.programs * 2 * MAX_ROWS * grid.block_n,
+            dtype=torch.float32,
+            device=x.device,
+        )
+        if row_tiles * grid.programs > _MAX_SPLIT_TILES:
+            raise ValueError(
+                f"split K over {row_tiles * grid.programs} tiles (at most {_MAX_SPLIT_TILES})"
+            )
+        tickets = zeroed_scratch(  # one a (row tile, program)
+            "layers/fused_projection.py: split K's tickets", x.device, _MAX_SPLIT_TILES, torch.int32
+        )
+    _fused_rows_kernel[(row_tiles, grid.programs, k_splits)](
         x,
         weight,
         out,
@@ -1167,6 +1247,8 @@ def _launch(
         best_idx,
         arrivals,
         x if token_map is None else token_map,
+        part,
+        tickets,
         m,
         sq_in.shape[1] if norm is not None else m,
         n_out,
@@ -1186,6 +1268,7 @@ def _launch(
         next_offset,
         qk_offset,
         1.0 if softcap is None else softcap,
+        k_per_split,
         OUTS=grid.outs,
         CHUNK=grid.chunk,
         SCALE_ROWS=norm is not None,
@@ -1212,6 +1295,7 @@ def _launch(
         ARGMAX=argmax is not None,
         MAP=token_map is not None,
         BLOCK_PROGS=triton.next_power_of_2(grid.programs) if argmax is not None else 1,
+        K_SPLITS=k_splits,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch_options(use_pdl),
@@ -1512,6 +1596,7 @@ def norm_project_qkv(
     v_norm: bool = False,
     split_heads: bool | None = None,
     v_from_k: bool = False,
+    k_splits: int | None = None,
 ) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor or an ``Fp8Weight``); positions,
     slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
@@ -1526,16 +1611,32 @@ def norm_project_qkv(
     Two kernels, the projection and then ``_qkv_heads_kernel`` per head, where ``split_heads`` asks for it
     (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside
     batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
-    fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
+    fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel.
+    One kernel with K split among ``k_splits`` programs a head (with per-head norms over a half-precision
+    weight, whole rotary; by default where ``_splits_heads`` would take two kernels, with ``qkv_split_k``)."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // (1 if v_from_k else 2)
     heads = _QkvHeads(
         head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping, v_from_k
     )
+    one_kernel = not (v_from_k or heads.partial or _quantized_product(qkv))
     if split_heads is None:
         split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
-    if split_heads or v_from_k or heads.partial or _quantized_product(qkv):
+        if (
+            split_heads
+            and one_kernel
+            and qkv_split_k
+            and k_splits is None
+            and not batch_invariant()
+        ):
+            k_splits = _qkv_k_splits(qkv.shape[0] // head_dim, x.device)
+    k_splits = k_splits or 1
+    if k_splits > 1 and not one_kernel:
+        raise ValueError(
+            "K is split for q/k/v in one kernel only: not with v_from_k, partial rotary or an fp8 weight"
+        )
+    if (split_heads and k_splits == 1) or not one_kernel:
         return _project_then_heads(x, norm, qkv, heads, qk_norm, qk_offset, v_norm, pdl, tiles)[0]
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     return _launch(
@@ -1552,7 +1653,13 @@ def norm_project_qkv(
         tiles=tiles,
         qk_offset=qk_offset,
         v_norm=v_norm,
+        k_splits=k_splits,
     )
+
+
+def _qkv_k_splits(heads: int, device: torch.device) -> int:
+    """K splits for q/k/v's ``heads`` (q, k and v heads) a head a program: about one program an SM, one wave."""
+    return max(1, min(_MAX_K_SPLITS, num_sms(device) // heads))
 
 
 def norm_project_qkv_gate(
