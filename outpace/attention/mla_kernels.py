@@ -96,11 +96,11 @@ from outpace.attention.triton_kernels import (
     _mask_row,
     _merge_partials,
     _softmax_step,
+    cache_row_lines,
     invariant_programs,
-    prefetch_cache_rows,
     prefetch_lines,
 )
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 
 _LOG2E = 1.4426950408889634
@@ -159,7 +159,7 @@ attention_stages = 2
 attention_warps = 8
 wide_tile_programs = 8
 # With programmatic dependent launch, latent cache rows of its first split a program asks into L2 before it waits on
-# the kernel before it (attention/triton_kernels.py ``prefetch_cache_rows``; 0: none)
+# the kernel before it (attention/triton_kernels.py ``cache_row_lines``; 0: none)
 prefetch_kv_rows = 0
 
 
@@ -323,18 +323,18 @@ def _mla_kernel(
     if PREFETCH_ROWS > 0:  # the first split's first rows
         first_row = tl.program_id(2) * split_len
         if first_row < kv_end:
-            prefetch_cache_rows(
+            lines = cache_row_lines(
                 first_row,
                 tl.minimum(first_row + split_len, kv_end),
                 block_tables_ptr + seq * stride_bt_seq,
-                cache_ptr,
                 stride_cache_slot,
                 R + P,
                 BLOCK_SIZE,
                 PREFETCH_ROWS,
                 LINES,
                 LINE_ELEMS,
-            )
+            )  # [PREFETCH_ROWS, LINES]
+            prefetch_l2(cache_ptr + lines)
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     if tl.program_id(2) < live_splits:  # (the tile's queries, loaded once for the splits it walks)
         flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)

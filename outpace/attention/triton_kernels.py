@@ -156,7 +156,7 @@ FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
 # / 4.280; 0.25 (4 splits) 4.098 / 4.459 / 4.573; 0 (one split: no merge launch) 4.450 / 5.913 / 4.570.
 _PROGRAMS_PER_SM = 2
 # With programmatic dependent launch, KV rows of its range a program asks into L2 before it waits on the kernel
-# before it (``prefetch_cache_rows``; 0: none; MLA's kernel too, attention/mla_kernels.py). The cached rows do not depend on that kernel, so their HBM reads can
+# before it (``cache_row_lines``; 0: none; MLA's kernel too, attention/mla_kernels.py). The cached rows do not depend on that kernel, so their HBM reads can
 # overlap its drain; the first KV tile's loads after the wait then come from L2.
 prefetch_kv_rows = 0
 _LINE_BYTES = 128  # an L2 line
@@ -319,11 +319,10 @@ def _kv_offsets(rows, ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: t
 
 
 @triton.jit
-def prefetch_cache_rows(
+def cache_row_lines(
     lo,
     hi,
     bt_ptr,  # the sequence's block table row
-    base,  # the cache's first element of the rows' head (or of the rows: MLA's latent cache)
     stride_cache_slot,
     ROW_ELEMS: tl.constexpr,  # a row's elements
     BLOCK_SIZE: tl.constexpr,
@@ -331,8 +330,9 @@ def prefetch_cache_rows(
     LINES: tl.constexpr,  # a power of two >= the L2 lines a row spans
     LINE_ELEMS: tl.constexpr,  # cache elements a line holds
 ):
-    """Asks for cache rows lo .. min(hi, lo + ROWS) - 1 to be brought into L2 (``prefetch_l2``), for a program
-    about to wait on the kernel before it (``prefetch_kv_rows``). It reads the block table, which is complete
+    """[ROWS, LINES] offsets, from a row's first element in the cache, of the L2 lines of cache rows lo ..
+    min(hi, lo + ROWS) - 1 (0 past them): what a program about to wait on the kernel before it asks into L2
+    (``prefetch_l2`` at each cache's head: ``prefetch_kv_rows``). It reads the block table, which is complete
     before an attention kernel starts (``_attention_kernel``). A row that kernel writes (a new token's) may be
     asked for too: the prefetch is a hint, and L2 is where global memory is coherent."""
     rows = lo + tl.arange(0, ROWS)  # [ROWS]
@@ -340,11 +340,11 @@ def prefetch_cache_rows(
     offs, ok = _kv_offsets(
         rows, rows < hi, bt_ptr, stride_cache_slot, lines, lines < ROW_ELEMS, BLOCK_SIZE
     )  # [ROWS, LINES]
-    prefetch_l2(base + tl.where(ok, offs, 0))
+    return tl.where(ok, offs, 0)
 
 
 def prefetch_lines(row_elems: int, cache: torch.Tensor) -> tuple[int, int]:
-    """(LINES, LINE_ELEMS) of ``prefetch_cache_rows`` for rows of ``row_elems`` elements of ``cache``."""
+    """(LINES, LINE_ELEMS) of ``cache_row_lines`` for rows of ``row_elems`` elements of ``cache``."""
     line_elems = _LINE_BYTES // cache.element_size()
     return triton.next_power_of_2(triton.cdiv(row_elems, line_elems)), line_elems
 
@@ -587,33 +587,20 @@ def _attention_kernel(
     )
     if PREFETCH_ROWS > 0:
         if kv_lo < kv_hi:
-            bt_ptr = block_tables_ptr + seq * stride_bt_seq
+            lines = cache_row_lines(
+                kv_lo,
+                kv_hi,
+                block_tables_ptr + seq * stride_bt_seq,
+                stride_cache_slot,
+                HEAD_DIM,
+                BLOCK_SIZE,
+                PREFETCH_ROWS,
+                LINES,
+                LINE_ELEMS,
+            )  # [PREFETCH_ROWS, LINES]
             head_offset = kv_head * stride_cache_head
-            k_base, v_base = k_cache_ptr + head_offset, v_cache_ptr + head_offset
-            prefetch_cache_rows(
-                kv_lo,
-                kv_hi,
-                bt_ptr,
-                k_base,
-                stride_cache_slot,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                PREFETCH_ROWS,
-                LINES,
-                LINE_ELEMS,
-            )
-            prefetch_cache_rows(
-                kv_lo,
-                kv_hi,
-                bt_ptr,
-                v_base,
-                stride_cache_slot,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                PREFETCH_ROWS,
-                LINES,
-                LINE_ELEMS,
-            )
+            prefetch_l2(k_cache_ptr + head_offset + lines)
+            prefetch_l2(v_cache_ptr + head_offset + lines)
     pdl_enter(PDL)
     # A split past the rows its tile sees does nothing: the combine reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
