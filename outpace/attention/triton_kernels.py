@@ -156,8 +156,9 @@ FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
 # / 4.280; 0.25 (4 splits) 4.098 / 4.459 / 4.573; 0 (one split: no merge launch) 4.450 / 5.913 / 4.570.
 _PROGRAMS_PER_SM = 2
 # With programmatic dependent launch, KV rows of its range a program asks into L2 before it waits on the kernel
-# before it (``cache_row_lines``; 0: none; MLA's kernel too, attention/mla_kernels.py). The cached rows do not depend on that kernel, so their HBM reads can
-# overlap its drain; the first KV tile's loads after the wait then come from L2.
+# before it (``cache_row_lines``; 0: none; MLA's kernel has its own, attention/mla_kernels.py). The cached rows do
+# not depend on that kernel, so their HBM reads can overlap its drain, and the first KV tile's loads after the wait
+# come from L2. Off until a decode step measures it (benchmarks/scripts/decode_settings.py kv_prefetch_*).
 prefetch_kv_rows = 0
 _LINE_BYTES = 128  # an L2 line
 _MAX_SPLITS = 64
