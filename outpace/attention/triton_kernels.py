@@ -53,6 +53,10 @@ kernel is another compilation of the attention, where the last bit was not trace
 (0 none, 1 per head, 2 per element) leaves ungated launches compiled as before; split attention kernels get
 GATE 0 (their combine gates).
 
+Under programmatic dependent launch a program may ask its first KV rows into L2 before it waits on the kernel
+before it (``prefetch_kv_rows``, ``cache_row_lines``; MLA's kernel alike): the cached rows and the block table do
+not depend on that kernel.
+
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
 then a BLOCK_N multiple of ceil((kv_end - kv_start) / num_splits) for its own sequence's length

@@ -12,7 +12,8 @@ and a round trip of the activations each. Here one kernel does a projection and 
                            layers when given; RoPE on q and k; k and v stored straight into the paged
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write).
                            With per-head norms on heads too wide for one program an SM (head_dim 256 or
-                           512: Gemma, Qwen3-Next), a plain projection then ``_qkv_heads_kernel`` per head
+                           512: Gemma, Qwen3-Next), a plain projection then ``_qkv_heads_kernel`` per head,
+                           or (``qkv_split_k``) one launch with K split among each head's programs
 - ``norm_project_qkv_gate`` the same over [q | k | v | gate] (Step-3.5's head-wise gate) or with each q
                            head's gate head beside it (Qwen3-Next): the gate's rows ride in the plain
                            projection's launch, their products returned beside q
