@@ -5,26 +5,13 @@ gpu_2026-12-05c call 2.)"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from helpers.bench_scripts import load_bench_script
 from outpace.bench.families import bench_shapes
 from outpace.bench.family_shapes import family_shapes
 
 pytest.importorskip("triton")
-
-
-def _script():
-    """benchmarks/scripts/decode_settings.py as a module (in sys.modules: its dataclass needs it)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "decode_settings.py"
-    spec = importlib.util.spec_from_file_location("decode_settings", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _same_kind(module, attr: str, value) -> bool:
@@ -77,11 +64,11 @@ def _sweep_errors(script) -> list[str]:
 
 
 def test_every_sweep_names_known_knobs_and_shapes():
-    assert _sweep_errors(_script()) == []
+    assert _sweep_errors(load_bench_script("decode_settings")) == []
 
 
 def test_a_wrong_knob_value_or_shape_is_named():
-    script = _script()
+    script = load_bench_script("decode_settings")
     sweep = script.SWEEPS["a3b_qwen3"]
     script.SWEEPS["a3b_qwen3"] = script.Sweep(
         sweep.shape, sweep.points, ({}, {"few_token_gate_up": 64})

@@ -9,8 +9,6 @@ in a CUDA graph, and ``test_gpu_grouped_bandwidth`` prints the speed over the di
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from unittest.mock import patch
 
@@ -20,6 +18,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
+from helpers.bench_scripts import load_bench_script  # noqa: E402
 from outpace.layers import moe_kernels  # noqa: E402
 from outpace.layers.quant import quant_matmul_kernel as qm  # noqa: E402
 from outpace.layers.quant.dequantize import (  # noqa: E402
@@ -351,18 +350,8 @@ def test_bad_stacks_are_refused_by_name():
         )
 
 
-def settings_script():
-    """benchmarks/scripts/moe_fp8_settings.py as a module (in sys.modules: its dataclass needs it)."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "moe_fp8_settings.py"
-    spec = importlib.util.spec_from_file_location("moe_fp8_settings", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_fp8_settings_script_parses_its_arguments():
-    script = settings_script()
+    script = load_bench_script("moe_fp8_settings")
     args = script.parse_args(["out", "--shapes", "deepseek-v2-lite", "--tokens", "1", "8"])
     assert (args.out, args.shapes, args.tokens) == (Path("out"), ["deepseek-v2-lite"], [1, 8])
     assert script.parse_args(["out"]).shapes == list(script.SHAPES)
@@ -377,7 +366,7 @@ def test_the_fp8_settings_scripts_launches_at_each_setting(stacked):
     up and down stacks of their own with half of each token's slots another rank's (-1), and packed gate/up
     stacks with a shared MLP of two experts' width as shared slots; equal to the experts on the dequantized
     stacks. Hidden 136: a partial last scale block."""
-    script = settings_script()
+    script = load_bench_script("moe_fp8_settings")
     if stacked:
         shape = script.Shape(8, 4, 0, 136, 128, ranks=2, stacked=True)
     else:

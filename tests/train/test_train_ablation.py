@@ -2,15 +2,13 @@
 (a DFlash size whose continuations held fewer anchor positions than it asked for failed only when its
 turn came, minutes into a run)."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scripts" / "train_ablation.py"
-spec = importlib.util.spec_from_file_location("train_ablation", SCRIPT)
-ablation = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ablation)
+from helpers.bench_scripts import load_bench_script
+
+ablation = load_bench_script("train_ablation")
 
 
 @pytest.mark.parametrize("size", list(ablation.SIZES))
