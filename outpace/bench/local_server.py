@@ -2,7 +2,9 @@
 
 Its output goes to a log file (a temporary one, removed by ``close``, unless ``log_path`` names one).
 Ready once /health answers 200; a server that exits or is not ready in time raises with its log's
-tail. ``terminate`` sends SIGTERM (the server finishes in-flight requests and exits 0: server/app.py
+tail. The free port is found before the server binds it, so another process (a test beside this one, another
+server) may take it in between: a server that exits because its address is in use is started again on another
+port, up to ``PORT_TRIES`` times in all. ``terminate`` sends SIGTERM (the server finishes in-flight requests and exits 0: server/app.py
 ``run_server``) and kills it if it outlives the timeout.
 """
 
@@ -21,6 +23,7 @@ import httpx
 from outpace.distributed.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+PORT_TRIES = 5
 
 
 class LocalServer:
@@ -28,15 +31,23 @@ class LocalServer:
         self, *args: str, env: dict[str, str] | None = None, log_path: str | Path | None = None
     ) -> None:
         self.args = list(args)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self._own_log = log_path is None
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="outpace-serve-", suffix=".log")
             os.close(fd)
         self.log_path = Path(log_path)
-        env = dict(os.environ, **(env or {}))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        self._env = dict(os.environ, **(env or {}))
+        self._env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
+        )
+        self.port_tries = 0
+        self._start()
+
+    def _start(self) -> None:
+        """The server on a port free now (its log begun again)."""
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.port_tries += 1
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [
@@ -51,7 +62,7 @@ class LocalServer:
                     *self.args,
                 ],
                 cwd=ROOT,
-                env=env,
+                env=self._env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -59,6 +70,9 @@ class LocalServer:
     def wait_ready(self, timeout: float = 180.0) -> LocalServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self._lost_its_port() and self.port_tries < PORT_TRIES:
+                self._start()
+                continue
             self.check_alive()
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
@@ -69,6 +83,11 @@ class LocalServer:
         raise TimeoutError(
             f"the server was not ready after {timeout} s; its log ends:\n{self.tail()}"
         )
+
+    def _lost_its_port(self) -> bool:
+        """Whether the server exited because another process took its port first (cli/serve.py's check
+        before the model loads, or uvicorn's bind after it)."""
+        return self.proc.poll() is not None and "address already in use" in self.tail().lower()
 
     def check_alive(self) -> None:
         if self.proc.poll() is not None:

@@ -56,6 +56,24 @@ def test_a_server_that_dies_shows_its_log():
         server.wait_ready(60)
 
 
+def test_a_server_whose_port_was_taken_starts_on_another(monkeypatch):
+    """The port a server was given is taken before it binds it (a test beside it: CI's busy machine once failed
+    the sweep so): it starts again on a port free then, and the first one's log does not end it."""
+    import socket
+
+    import outpace.bench.local_server as local_server
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = iter([busy, local_server.free_port()])
+        monkeypatch.setattr(local_server, "free_port", lambda: next(ports))
+        with LocalServer("--method", "none") as server:
+            server.wait_ready(120)
+            assert server.port != busy and server.port_tries == 2
+
+
 def test_one_concurrency_without_sweep():
     with pytest.raises(SystemExit, match="--sweep"):
         main(["bench", "serve", "--concurrency", "1", "2"])
