@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from outpace.layers import fused_projection as fp
+from outpace.layers.fused_rows_kernel import PLAIN
+from outpace.layers.normed_rows import normed_rows
 
 K = 4096
 TILES = {
@@ -27,12 +29,12 @@ TILES = {
 
 def plain(x, w, res, pdl, tiles):
     out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-    return fp._launch(x, w, out, w.shape[0], fp._PLAIN.value, residual=res, pdl=pdl, tiles=tiles)
+    return fp._launch(x, w, out, w.shape[0], PLAIN.value, residual=res, pdl=pdl, tiles=tiles)
 
 
 def normed(x, w, res, pdl, tiles):
     """RMSNorm folded in (SCALE_ROWS), no residual."""
-    rows = fp.normed_rows(x, torch.ones(x.shape[1], dtype=x.dtype, device=x.device))
+    rows = normed_rows(x, torch.ones(x.shape[1], dtype=x.dtype, device=x.device))
     return fp.norm_project(rows, 1e-5, w, pdl=pdl, tiles=tiles)
 
 

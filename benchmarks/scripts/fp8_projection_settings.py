@@ -17,7 +17,7 @@ import torch
 from projection_tiles import launch  # the bf16 sweep beside this file's (Fp8Weight too)
 from triton.testing import do_bench
 
-from outpace.layers import fused_projection as fp
+from outpace.layers.fused_rows_kernel import PLAIN, SWIGLU
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.quant_matmul_kernel import quant_matmul
@@ -27,14 +27,14 @@ BLOCK = (128, 128)
 # name: (epilogue, outputs, K), a rank's part where a shape is tensor-parallel; a SwiGLU's outputs are its
 # intermediate size (weights of 2 x that many rows)
 SHAPES = {
-    "step-3.5 tp2 q_proj": (fp._PLAIN.value, 6144, 4096),
-    "step-3.5 tp2 o_proj": (fp._PLAIN.value, 4096, 6144),
-    "step-3.5 tp2 k_proj": (fp._PLAIN.value, 512, 4096),
-    "step-3.5 tp2 shared gate_up": (fp._SWIGLU.value, 640, 4096),
-    "step-3.5 tp2 shared down": (fp._PLAIN.value, 4096, 640),
-    "qwen3-next in_proj_qkvz": (fp._PLAIN.value, 12288, 2048),
-    "llama-8b gate_up": (fp._SWIGLU.value, 14336, 4096),
-    "llama-8b down_proj": (fp._PLAIN.value, 4096, 14336),
+    "step-3.5 tp2 q_proj": (PLAIN.value, 6144, 4096),
+    "step-3.5 tp2 o_proj": (PLAIN.value, 4096, 6144),
+    "step-3.5 tp2 k_proj": (PLAIN.value, 512, 4096),
+    "step-3.5 tp2 shared gate_up": (SWIGLU.value, 640, 4096),
+    "step-3.5 tp2 shared down": (PLAIN.value, 4096, 640),
+    "qwen3-next in_proj_qkvz": (PLAIN.value, 12288, 2048),
+    "llama-8b gate_up": (SWIGLU.value, 14336, 4096),
+    "llama-8b down_proj": (PLAIN.value, 4096, 14336),
 }
 # (outputs a program, BK, warps, stages, outputs a sub-tile at most); None: the shipped setting
 TILES = [None] + [
@@ -50,7 +50,7 @@ TILES = [None] + [
 
 def reference(x: torch.Tensor, dense: torch.Tensor, epilogue: int, n_out: int) -> torch.Tensor:
     y = x.float() @ dense.T
-    if epilogue == fp._SWIGLU.value:
+    if epilogue == SWIGLU.value:
         return torch.nn.functional.silu(y[:, :n_out]) * y[:, n_out:]
     return y
 
@@ -86,7 +86,7 @@ def main(out: str | None = None) -> None:
     device = torch.device("cuda")
     rows = []
     for name, (epilogue, n_out, k) in SHAPES.items():
-        weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
+        weight_rows = 2 * n_out if epilogue == SWIGLU.value else n_out
         raw = torch.randn(weight_rows, k, device=device) * 0.02
         q, scale = quantize_fp8_block(raw, BLOCK)
         dense = dequantize_fp8_block(q, scale, BLOCK)
@@ -112,7 +112,7 @@ def main(out: str | None = None) -> None:
                         quant_matmul(x, w.weight, w.scale, "fp8_block", BLOCK) for w in weights
                     ]
                 )
-                if epilogue == fp._PLAIN.value
+                if epilogue == PLAIN.value
                 else None
             )  # (the quantized kernel has no SwiGLU epilogue)
             outs16 = [torch.empty(m, n_out, dtype=x.dtype, device=device) for _ in bf16]

@@ -16,19 +16,19 @@ import sys
 import torch
 from projection_tiles import measure, random_weights
 
-from outpace.layers import fused_projection as fp
+from outpace.layers.fused_rows_kernel import PLAIN, SWIGLU
 
 # name: (epilogue, outputs, K); shapes of bench/widen_hybrid.py QWEN35 (hidden 4096, DeltaNet 16 key / 32 value
 # heads of 128, attention 16 / 4 heads of 256 with a gate, MLP 12288), the Llama-3.1-8B shape, Gemma-3-12B's head
 SHAPES = {
-    "qwen3.5 in_proj": (fp._PLAIN.value, 12352, 4096),
-    "qwen3.5 out_proj": (fp._PLAIN.value, 4096, 4096),
-    "qwen3.5 gate_up": (fp._SWIGLU.value, 12288, 4096),
-    "qwen3.5 down": (fp._PLAIN.value, 4096, 12288),
-    "llama-8b gate_up": (fp._SWIGLU.value, 14336, 4096),
-    "llama-8b down_proj": (fp._PLAIN.value, 4096, 14336),
-    "llama-8b lm_head": (fp._PLAIN.value, 128256, 4096),
-    "gemma-3 lm_head": (fp._PLAIN.value, 262144, 3840),
+    "qwen3.5 in_proj": (PLAIN.value, 12352, 4096),
+    "qwen3.5 out_proj": (PLAIN.value, 4096, 4096),
+    "qwen3.5 gate_up": (SWIGLU.value, 12288, 4096),
+    "qwen3.5 down": (PLAIN.value, 4096, 12288),
+    "llama-8b gate_up": (SWIGLU.value, 14336, 4096),
+    "llama-8b down_proj": (PLAIN.value, 4096, 14336),
+    "llama-8b lm_head": (PLAIN.value, 128256, 4096),
+    "gemma-3 lm_head": (PLAIN.value, 262144, 3840),
 }
 ROWS = (1, 2, 3, 4, 8, 12, 16)
 # (outputs a program, BK, warps, stages, outputs a sub-tile at most); None: the default

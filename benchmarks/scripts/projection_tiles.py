@@ -20,27 +20,28 @@ import triton
 from triton.testing import do_bench
 
 from outpace.layers import fused_projection as fp
+from outpace.layers.fused_rows_kernel import PLAIN, SWIGLU
 from outpace.layers.sm_count import num_sms
 
 CALLS = 8
 # name: (epilogue, outputs, K); a SwiGLU's outputs are its intermediate size (weights of 2 x that many rows)
 SHAPES = {
-    "qwen3-next out_proj": (fp._PLAIN.value, 2048, 4096),
-    "qwen3-next in_proj_qkvz": (fp._PLAIN.value, 12288, 2048),
-    "deepseek-v2-lite o_proj": (fp._PLAIN.value, 2048, 2048),
-    "deepseek-v2-lite dense down": (fp._PLAIN.value, 2048, 10944),
-    "gemma-4 q_proj": (fp._PLAIN.value, 4096, 2816),
-    "gemma-4 o_proj": (fp._PLAIN.value, 2816, 4096),
-    "llama-8b o_proj": (fp._PLAIN.value, 4096, 4096),
-    "llama-8b down_proj": (fp._PLAIN.value, 4096, 14336),
-    "llama-8b gate_up": (fp._SWIGLU.value, 14336, 4096),
-    "gemma-4 dense gate_up": (fp._SWIGLU.value, 2112, 2816),
-    "qwen3.5 gate_up": (fp._SWIGLU.value, 17408, 5120),
+    "qwen3-next out_proj": (PLAIN.value, 2048, 4096),
+    "qwen3-next in_proj_qkvz": (PLAIN.value, 12288, 2048),
+    "deepseek-v2-lite o_proj": (PLAIN.value, 2048, 2048),
+    "deepseek-v2-lite dense down": (PLAIN.value, 2048, 10944),
+    "gemma-4 q_proj": (PLAIN.value, 4096, 2816),
+    "gemma-4 o_proj": (PLAIN.value, 2816, 4096),
+    "llama-8b o_proj": (PLAIN.value, 4096, 4096),
+    "llama-8b down_proj": (PLAIN.value, 4096, 14336),
+    "llama-8b gate_up": (SWIGLU.value, 14336, 4096),
+    "gemma-4 dense gate_up": (SWIGLU.value, 2112, 2816),
+    "qwen3.5 gate_up": (SWIGLU.value, 17408, 5120),
     # the raw q/k/v products of Gemma 4's two-kernel q/k/v path: sliding layers, full (k = v) layers
-    "gemma-4 sliding qkv": (fp._PLAIN.value, 8192, 2816),
-    "gemma-4 full qk": (fp._PLAIN.value, 9216, 2816),
+    "gemma-4 sliding qkv": (PLAIN.value, 8192, 2816),
+    "gemma-4 full qk": (PLAIN.value, 9216, 2816),
     # the widened zoo Qwen3.5's MTP layers: fc over [embedding | hidden] (bench e2e --family qwen35)
-    "qwen3.5-zoo mtp fc": (fp._PLAIN.value, 4096, 8192),
+    "qwen3.5-zoo mtp fc": (PLAIN.value, 4096, 8192),
 }
 # (outputs a program: None the default, "half" half of it; BK; warps; stages; outputs a sub-tile at most)
 TILES = [None] + [
@@ -77,13 +78,13 @@ def resolve(tiles, epilogue: int, n_out: int, device: torch.device):
 
 
 def launch(x, w, out, epilogue: int, n_out: int, tiles) -> None:
-    half = n_out if epilogue == fp._SWIGLU.value else 1
+    half = n_out if epilogue == SWIGLU.value else 1
     fp._launch(x, w, out, n_out, epilogue, half=half, pdl=True, tiles=tiles)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, epilogue: int, n_out: int) -> torch.Tensor:
     y = x.float() @ w.float().T
-    if epilogue == fp._SWIGLU.value:
+    if epilogue == SWIGLU.value:
         return torch.nn.functional.silu(y[:, :n_out]) * y[:, n_out:]
     return y
 
@@ -123,7 +124,7 @@ def random_weights(
     epilogue: int, n_out: int, k: int, device: torch.device
 ) -> tuple[list[torch.Tensor], float]:
     """CALLS distinct bf16 weights of a projection with ``n_out`` outputs over ``k`` inputs, and the GB of one."""
-    weight_rows = 2 * n_out if epilogue == fp._SWIGLU.value else n_out
+    weight_rows = 2 * n_out if epilogue == SWIGLU.value else n_out
     weights = [
         torch.randn(weight_rows, k, device=device, dtype=torch.bfloat16) * 0.02
         for _ in range(CALLS)

@@ -10,6 +10,7 @@ import torch
 
 from outpace.bench.skinny import _us
 from outpace.layers import fused_projection as fp
+from outpace.layers.fused_rows_kernel import PLAIN, QKV, SWIGLU
 
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 4096, 14336, 32, 8, 128, 128256
 
@@ -45,7 +46,7 @@ def _calls(m: int):
                 w["qkv"],
                 out["qkv"],
                 w["qkv"].shape[0] // 2,
-                fp._QKV.value,
+                QKV.value,
                 half=HEAD_DIM // 2,
                 norm=(sq, 1e-5),
                 qkv=qkv_args,
@@ -57,7 +58,7 @@ def _calls(m: int):
             w["o"],
             x,
             lambda t: fp._launch(
-                x, w["o"], out["o"], HIDDEN, fp._PLAIN.value, residual=x, pdl=False, tiles=t
+                x, w["o"], out["o"], HIDDEN, PLAIN.value, residual=x, pdl=False, tiles=t
             ),
         ),
         "gate_up": (
@@ -68,7 +69,7 @@ def _calls(m: int):
                 w["gate_up"],
                 out["gate_up"],
                 INTER,
-                fp._SWIGLU.value,
+                SWIGLU.value,
                 half=INTER,
                 norm=(sq, 1e-5),
                 pdl=False,
@@ -79,7 +80,7 @@ def _calls(m: int):
             w["down"],
             act,
             lambda t: fp._launch(
-                act, w["down"], out["down"], HIDDEN, fp._PLAIN.value, residual=x, pdl=False, tiles=t
+                act, w["down"], out["down"], HIDDEN, PLAIN.value, residual=x, pdl=False, tiles=t
             ),
         ),
         "lm_head": (
@@ -90,7 +91,7 @@ def _calls(m: int):
                 w["lm_head"],
                 out["lm_head"],
                 VOCAB,
-                fp._PLAIN.value,
+                PLAIN.value,
                 norm=(sq, 1e-5),
                 pdl=False,
                 tiles=t,

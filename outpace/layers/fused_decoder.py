@@ -64,6 +64,14 @@ def projection_kernels() -> ModuleType:
     return fused_projection
 
 
+def row_norm_kernels() -> ModuleType:
+    """layers/normed_rows.py (the norm kernels of one program a row beside the projections), imported on first
+    use as ``projection_kernels``."""
+    from outpace.layers import normed_rows  # lazy: it imports Triton
+
+    return normed_rows
+
+
 def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether the fused kernels (layers/fused_projection.py) serve x [n, in] @ weight.T: few rows, or
     any number in batch-invariant mode (``fused_rows_apply``)."""
@@ -436,7 +444,7 @@ class FusedDecoderLayer(DecoderLayer):
         """``DecoderLayer.forward_residual``; on the fused path, (the output stream, None)."""
         if not self.fuses(h):
             return super().forward_residual(positions, h, residual)
-        rows = projection_kernels().normed_rows(
+        rows = row_norm_kernels().normed_rows(
             residual_stream(h, residual), self.input_layernorm.weight
         )
         return self.forward_fused(positions, rows, None), None
@@ -494,7 +502,7 @@ def run_fused_layers(
     captured = {}
     norms = list(input_norms[1:]) + [final_norm]  # the norm after each layer
     first = input_norms[0]
-    rows = projection_kernels().normed_rows(h, first.weight, norm_offset(first))
+    rows = row_norm_kernels().normed_rows(h, first.weight, norm_offset(first))
     for i, (layer, next_norm) in enumerate(zip(layers, norms)):
         if i in capture:
             captured[i] = rows.stream
@@ -541,7 +549,7 @@ def norm_head_logits(
     if not is_sharded(head) and weight is not None and fusable_rows(hidden, weight):
         kernels = projection_kernels()
         return kernels.norm_project(
-            kernels.normed_rows(hidden, norm.weight, norm_offset(norm)),
+            row_norm_kernels().normed_rows(hidden, norm.weight, norm_offset(norm)),
             norm.eps,
             weight,
             out_dtype=torch.float32,
@@ -572,7 +580,7 @@ def head_argmax_tokens(
         kernels = projection_kernels()
         if norm is None:
             return kernels.head_argmax(hidden, weight, rows=rows, token_map=token_map)
-        ready = kernels.normed_rows(hidden, norm.weight, norm_offset(norm))
+        ready = row_norm_kernels().normed_rows(hidden, norm.weight, norm_offset(norm))
         return kernels.head_argmax(ready, weight, norm.eps, rows, token_map)
     picked = hidden if rows is None else hidden[rows]
     logits = head(picked).float() if norm is None else norm_head_logits(norm, head, picked)
@@ -597,7 +605,7 @@ def embed_norm_pair(
     applied in float32 with its offset); else the modules in turn, the rows looked up by ``lookup`` (default
     ``embedding``)."""
     if fused:
-        return projection_kernels().embed_norm_pair(
+        return row_norm_kernels().embed_norm_pair(
             token_ids,
             embedding.weight,
             (embed_norm.weight, embed_norm.eps, norm_offset(embed_norm)),

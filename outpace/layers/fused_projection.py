@@ -12,7 +12,7 @@ and a round trip of the activations each. Here one kernel does a projection and 
                            layers when given; RoPE on q and k; k and v stored straight into the paged
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write).
                            With per-head norms on heads too wide for one program an SM (head_dim 256 or
-                           512: Gemma, Qwen3-Next), a plain projection then ``_qkv_heads_kernel`` per head,
+                           512: Gemma, Qwen3-Next), a plain projection then ``qkv_heads_kernel`` per head,
                            or (``qkv_split_k``) one launch with K split among each head's programs
 - ``norm_project_qkv_gate`` the same over [q | k | v | gate] (Step-3.5's head-wise gate) or with each q
                            head's gate head beside it (Qwen3-Next): the gate's rows ride in the plain
@@ -27,21 +27,12 @@ Norm variants: an RMSNorm's scale is ``offset + w`` (offset 1.0: Gemma 3's (1 + 
 always applied in float32; the per-head q/k norms take an offset too, and v may be normalised without a
 weight (Gemma 4's v norm). The gate activation of [gate | up] is SiLU or GELU-tanh (Gemma).
 
-RMSNorm folds into the product because its scale is one number per row: RMSNorm(s) @ W.T =
-rstd * ((s * w_norm) @ W.T). The kernel that writes the stream s (``project_add_normed``, or
-``normed_rows`` for a stream that comes from elsewhere) also writes s * w_norm and, per program, the
-partial sums of s^2 over its columns (``NormedRows``); the projection behind the norm then streams its
-weights against s * w_norm exactly as a plain matmul does and scales each row by rstd at the end. (Doing
-the multiply and the sum of squares inside the projection's loop costs up to 2x: the input tile then
-passes through registers on every step.)
+RMSNorm folds into the product because its scale is one number per row (layers/normed_rows.py
+``NormedRows``: the stream readied by the kernel that wrote it). The kernel itself is
+layers/fused_rows_kernel.py (how a program's rows and outputs are laid out, the pairs of RoPE and SwiGLU), and
+the per-head kernel of wide heads layers/qkv_heads_kernel.py.
 
-RoPE and SwiGLU pair column c with column c + H (H = head_dim / 2 inside each head; H = the
-intermediate size for [gate | up]): a program computes both columns of each of its pairs, so the
-epilogue has what it needs. The roundings differ from the unfused chain (no bf16 round trip between
-the steps).
-
-Rows: tiles of 16 (``MAX_ROWS``), one a program on the grid's fast axis (axis 0), the programs that share
-outputs side by side so that their weight tiles come from L2. The normal path takes few rows (one tile);
+Rows: tiles of 16 (``MAX_ROWS``). The normal path takes few rows (one tile);
 batch-invariant mode takes any number (``fused_rows_apply``), as layers/batch_invariant.py's skinny kernel
 does: every tile is its own [16, BK] x [BK, BN] ``tl.dot`` walking K in one order, the sums of squares of
 a row are reduced in the order of the programs that wrote them, and the tiles, the outputs a program and
@@ -55,9 +46,7 @@ the next norm readied; SwiGLU's gating a launch after it): ``quantized_rows_appl
 the fused residual stack (DeepSeek-V2-Lite's block-FP8 layers ran eagerly before, each block norm a launch of
 its own: benchmarks/results/gpu_2026-12-01i).
 
-On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py): a kernel's
-programs start while the previous kernel drains, prefetch their first weight tiles into L2 (weights
-never depend on the previous kernel), and only then wait for the previous kernel's results.
+On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py).
 With TRITON_INTERPRET=1 the kernels also run on CPU tensors (float32), which is how the tests check
 them without a GPU.
 """
@@ -68,28 +57,29 @@ from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH, SILU, act_and_mul
-from outpace.layers.fused_kernels import row_rstd
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.fused_rows_kernel import (
+    ACT_GELU_TANH,
+    ACT_SILU,
+    PLAIN,
+    QKV,
+    SWIGLU,
+    fused_rows_kernel,
+)
+from outpace.layers.normed_rows import NormedRows
+from outpace.layers.pdl import pdl_available, pdl_launch_options
+from outpace.layers.qkv_heads_kernel import qkv_heads_kernel
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.quant_matmul_kernel import RowEpilogue, column_blocks, quant_matmul
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
-# epilogues (EPILOGUE)
-_PLAIN = tl.constexpr(0)
-_SWIGLU = tl.constexpr(1)
-_QKV = tl.constexpr(2)
-# gate activations (ACT)
-_ACT_SILU = tl.constexpr(0)
-_ACT_GELU_TANH = tl.constexpr(1)
 # q/k/v with per-head norms where whole heads a program would leave SMs idle (``_splits_heads``): True splits K
 # among about one program an SM, the last of a head's programs to arrive finishing it (``_sum_k_splits``), one
-# launch where the per-head kernel takes a second; False: the plain projection, then ``_qkv_heads_kernel``.
+# launch where the per-head kernel takes a second; False: the plain projection, then ``qkv_heads_kernel``.
 # Off until a decode step measures it (benchmarks/scripts/decode_settings.py qkv_split_k_*).
 qkv_split_k = False
 _MAX_K_SPLITS = 8
@@ -126,746 +116,6 @@ swiglu_stages = 4  # 64 KB of weights a stage
 # benchmarks/scripts/fp8_projection_settings.py sweeps them)
 fp8_stage_bytes = 160 * 1024
 fp8_max_stages = 8
-
-
-@dataclass
-class NormedRows:
-    """A residual stream made ready for a projection behind an RMSNorm with weight w.
-
-    stream [M, N]: the stream itself; normed [M, N]: stream * w, in the stream's dtype;
-    sq_parts [P, M] float32: partial sums of the stream's squares, P of them per row (the programs of
-    the kernel that wrote the stream), which sum to the row's sum of squares.
-    """
-
-    stream: torch.Tensor
-    normed: torch.Tensor
-    sq_parts: torch.Tensor
-
-
-@triton.jit
-def _normed_rows_kernel(
-    x_ptr,
-    res_ptr,
-    w_ptr,
-    stream_ptr,
-    normed_ptr,
-    sq_ptr,
-    M,
-    N,
-    stride_xm,
-    stride_rm,
-    offset,
-    RESIDUAL: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Row r: s = x[r] (+ res[r] with RESIDUAL, stored as stream[r] in the stream's dtype); normed[r] =
-    s * (offset + w); sq[0, r] = sum(s^2)."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=ok, other=0.0).to(tl.float32)
-    if RESIDUAL:
-        x += tl.load(res_ptr + row * stride_rm + cols, mask=ok, other=0.0).to(tl.float32)
-        x = x.to(stream_ptr.dtype.element_ty)
-        tl.store(stream_ptr + row * N + cols, x, mask=ok)
-        x = x.to(tl.float32)  # (the stream as stored)
-    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32) + offset
-    tl.store(normed_ptr + row * N + cols, (x * w).to(normed_ptr.dtype.element_ty), mask=ok)
-    tl.store(sq_ptr + row, tl.sum(x * x, axis=0))
-
-
-@triton.jit
-def _embed_norm_pair_kernel(
-    ids_ptr,
-    emb_ptr,
-    w_emb_ptr,
-    h_ptr,
-    w_h_ptr,
-    out_ptr,
-    N,
-    stride_emb,
-    stride_h,
-    eps_emb,
-    eps_h,
-    offset_emb,
-    offset_h,
-    BLOCK: tl.constexpr,
-):
-    """Row r: out[r] = [RMSNorm(emb[ids[r]]) * (offset_emb + w_emb) | RMSNorm(h[r]) * (offset_h + w_h)], out
-    [M, 2 * N], the weights applied in float32 (``Float32RMSNorm``'s arithmetic; an offset 1 for Qwen's 1 + w)."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    token = tl.load(ids_ptr + row).to(tl.int64)
-    e = tl.load(emb_ptr + token * stride_emb + cols, mask=ok, other=0.0).to(tl.float32)
-    h = tl.load(h_ptr + row * stride_h + cols, mask=ok, other=0.0).to(tl.float32)
-    e = e * tl.rsqrt(tl.sum(e * e, axis=0) / N + eps_emb)
-    e *= offset_emb + tl.load(w_emb_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    h = h * tl.rsqrt(tl.sum(h * h, axis=0) / N + eps_h)
-    h *= offset_h + tl.load(w_h_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * 2 * N + cols, e.to(out_ptr.dtype.element_ty), mask=ok)
-    tl.store(out_ptr + row * 2 * N + N + cols, h.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-@triton.jit
-def _argmax_across_programs(
-    best_val,  # [BM] float32 this program's best result of each row
-    best_idx,  # [BM] int32 its column
-    best_val_ptr,
-    best_idx_ptr,
-    arrivals_ptr,
-    map_ptr,
-    out_ptr,
-    rows,  # [BM] int64
-    row_ok,
-    N_OUT,
-    pid,
-    BM: tl.constexpr,
-    BLOCK_PROGS: tl.constexpr,
-    MAP: tl.constexpr,
-):
-    """ARGMAX's last step (``_fused_rows_kernel``): this program's best into the row tile's slots, then, by the
-    tile's last program to arrive, the best of every program's into out (the lowest column among equals: the
-    programs own ascending columns). The count is an atomic add, acq_rel at gpu scope: it releases this
-    program's slots, and the last to arrive acquires every program's (read past L1, which other SMs' writes do
-    not reach); that program zeroes the count again for the next launch (layers/zeroed_scratch.py)."""
-    tile, programs = tl.program_id(0), tl.num_programs(1)
-    here = (tile * programs + pid) * BM + tl.arange(0, BM)
-    tl.store(best_val_ptr + here, best_val)
-    tl.store(best_idx_ptr + here, best_idx)
-    tl.debug_barrier()  # every thread's slots before the count (one thread takes it for the program)
-    arrivals = arrivals_ptr + tile
-    if tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu") == programs - 1:
-        progs = tl.arange(0, BLOCK_PROGS)
-        slots = (tile * programs + progs[:, None]) * BM + tl.arange(0, BM)[None, :]
-        some = (progs < programs)[:, None]
-        vals = tl.load(best_val_ptr + slots, mask=some, other=float("-inf"), cache_modifier=".cg")
-        cols = tl.load(best_idx_ptr + slots, mask=some, other=N_OUT, cache_modifier=".cg")
-        top = tl.max(vals, axis=0)  # [BM]
-        # (a row with no finite result: column 0, as argmax's, every program's column before a better one)
-        first = tl.min(tl.where(vals == top[None, :], cols, N_OUT), axis=0)
-        if MAP:
-            first = tl.load(map_ptr + first, mask=row_ok, other=0)
-        tl.store(out_ptr + rows, first.to(tl.int64), mask=row_ok)
-        tl.atomic_xchg(arrivals, 0)
-
-
-# M is not specialized: Triton compiles a kernel of its own for an integer argument equal to 1, and there the
-# sums of squares [BLOCK_P, BM] load with the parts axis contiguous (stride M = 1), a layout whose reduction
-# adds the parts in another order: on the H200 a row's rstd, and so its output, differed decoded alone and
-# among others (benchmarks/results/gpu_2026-11-30, call 4's README). Nor num_sq_parts, which follows the
-# kernel that readied the rows (one for normed_rows, a projection's programs otherwise): its variants were met
-# first inside requests (engine/warm_up.py).
-@triton.jit(do_not_specialize=["M", "sq_m", "num_sq_parts"])
-def _fused_rows_kernel(
-    x_ptr,
-    w_ptr,
-    out_ptr,
-    res_ptr,
-    sq_in_ptr,
-    next_norm_ptr,
-    normed_out_ptr,
-    sq_out_ptr,
-    pos_ptr,
-    cos_ptr,
-    sin_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
-    scale_ptr,
-    row_index_ptr,
-    best_val_ptr,
-    best_idx_ptr,
-    arrivals_ptr,
-    map_ptr,
-    part_ptr,
-    tickets_ptr,
-    M,
-    sq_m,
-    N_OUT,
-    K,
-    stride_xm,
-    stride_wn,
-    stride_sn,
-    stride_sk,
-    stride_om,
-    stride_rm,
-    num_sq_parts,
-    eps,
-    q_size,
-    kv_size,
-    qk_eps,
-    subs,
-    next_offset,
-    qk_offset,
-    cap,
-    k_per_split,
-    OUTS: tl.constexpr,
-    CHUNK: tl.constexpr,
-    SCALE_ROWS: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    NEXT_NORM: tl.constexpr,
-    EPILOGUE: tl.constexpr,
-    QK_NORM: tl.constexpr,
-    V_NORM: tl.constexpr,
-    ACT: tl.constexpr,
-    SOFTCAP: tl.constexpr,
-    RELU2: tl.constexpr,
-    HALF: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
-    PREFETCH_K: tl.constexpr,
-    FP8: tl.constexpr,
-    SCALE_BN: tl.constexpr,
-    SCALE_BK: tl.constexpr,
-    GATHER: tl.constexpr,
-    ARGMAX: tl.constexpr,
-    MAP: tl.constexpr,
-    BLOCK_PROGS: tl.constexpr,
-    K_SPLITS: tl.constexpr,
-):
-    """Program (t, p) owns outputs p * OUTS ... p * OUTS + OUTS - 1 of the rows of tile t (rows t * BM ...
-    t * BM + BM - 1) and computes them as ``subs`` sub-tiles of CHUNK (<= BN) consecutive outputs each.
-    PLAIN: output i is column i.
-    SWIGLU / QKV: output i is the pair (a, a + HALF), a = (i // HALF) * 2 * HALF + i % HALF.
-    SCALE_ROWS: x is s * w_norm; row r's result is scaled by rsqrt(sum of sq_in[:, r] / K + eps).
-    NEXT_NORM (PLAIN): also writes out * (next_offset + next_norm) and each sub-tile's sums of out^2
-    (part p * subs + sub of sq_out). SOFTCAP (PLAIN): cap * tanh(result / cap) before any residual.
-    RELU2 (PLAIN): relu(result)^2 of the result rounded to out's dtype, as the projection and then the
-    activation round it (Nemotron-H's up_proj).
-    SWIGLU: act(g) * u, act SiLU or GELU-tanh (ACT).
-    QK_NORM (QKV, CHUNK a multiple of HALF: a sub-tile holds whole heads): per-head RMSNorm of q and k,
-    their weights plus qk_offset; V_NORM: of v too, without a weight.
-    FP8: the weight is float8 e4m3 with one float scale per SCALE_BN x SCALE_BK block (``Fp8Weight``; BK
-    divides SCALE_BK, so a K step lies in one block column): each step's product, exact fp8 values in x's
-    dtype, is scaled per output column before it is accumulated.
-    GATHER: row r reads x's row row_index[r] (and that row's sums of squares: sq_in [P, sq_m]).
-    ARGMAX (PLAIN, ``head_argmax``): nothing is stored per output; out [M] int64 receives each row's first
-    column of the largest result (through ``map``, a lookup table, with MAP). Each program keeps its best over
-    its sub-tiles and writes it to best_val / best_idx [row tiles, programs, BM]; the row tile's last program
-    to arrive (arrivals [row tiles], left zero) takes the best of those, the lowest column among equals.
-    K_SPLITS (QKV, one sub-tile a program: ``norm_project_qkv``'s split K): program (t, p, s) sums K columns
-    s * k_per_split ... (s + 1) * k_per_split - 1 only; the last of the K_SPLITS programs of (t, p) to arrive
-    adds every split's sums in split order and finishes the tile (``_sum_k_splits``)."""
-    pid = tl.program_id(1)
-    own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
-    paired: tl.constexpr = EPILOGUE != _PLAIN
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]: the program's row tile
-    row_ok = rows < M
-    src = rows  # [BM] the rows of x they read
-    if GATHER:
-        src = tl.load(row_index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-    ks = tl.arange(0, BK)
-    k_lo, k_hi = 0, K  # the program's K columns
-    if K_SPLITS > 1:
-        k_lo = tl.program_id(2) * k_per_split
-        k_hi = tl.minimum(K, k_lo + k_per_split)
-    if PDL:
-        i = pid * OUTS + tl.arange(0, BN)  # the first sub-tile's outputs
-        i = tl.where((i < pid * OUTS + CHUNK) & (i < own_end), i, pid * OUTS)
-        if paired:
-            i = (i // HALF) * (2 * HALF) + i % HALF
-        lines = k_lo + tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128 B
-        lines = tl.where(lines < k_hi, lines, 0)[None, :]  # never past the program's columns
-        row_a = i[:, None] * stride_wn
-        prefetch_l2(w_ptr + row_a + lines)
-        if paired:
-            prefetch_l2(w_ptr + row_a + HALF * stride_wn + lines)
-    pdl_enter(PDL)
-    if SCALE_ROWS:
-        rstd = row_rstd(sq_in_ptr, src, row_ok, sq_m, num_sq_parts, K, eps, BLOCK_P)  # [BM, 1]
-    best_val = tl.full([BM], float("-inf"), tl.float32)  # ARGMAX: the program's best so far
-    best_idx = tl.zeros([BM], tl.int32)
-    for sub in range(subs):
-        start = pid * OUTS + sub * CHUNK
-        i = start + tl.arange(0, BN)  # [BN]
-        i_ok = (i < start + CHUNK) & (i < own_end)
-        if paired:
-            col_a = (i // HALF) * (2 * HALF) + i % HALF  # [BN]
-        else:
-            col_a = i
-        ok = row_ok[:, None] & i_ok[None, :]
-        # The epilogue's operands, asked for before the weights stream so that their latency hides behind it.
-        if EPILOGUE == _PLAIN:
-            if RESIDUAL:
-                res = tl.load(
-                    res_ptr + rows[:, None] * stride_rm + i[None, :], mask=ok, other=0.0
-                )  # [BM, BN]
-            if NEXT_NORM:
-                w_next = (
-                    tl.load(next_norm_ptr + i, mask=i_ok, other=0.0).to(tl.float32) + next_offset
-                )  # [BN]
-        elif EPILOGUE == _QKV:
-            cos, sin, slot = _rope_operands(
-                pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, i % HALF, ok, HALF
-            )
-            if QK_NORM:
-                norm_a, norm_b = _head_norm_weights(
-                    col_a, i % HALF, q_size, kv_size, q_norm_ptr, k_norm_ptr, qk_offset, HALF
-                )
-        acc_a = tl.zeros((BM, BN), dtype=tl.float32)
-        acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
-            kk = k0 + ks  # [BK]
-            k_ok = kk < k_hi
-            x = tl.load(
-                x_ptr + src[:, None] * stride_xm + kk[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )  # [BM, BK]
-            w_ok = i_ok[:, None] & k_ok[None, :]
-            w_a = tl.load(
-                w_ptr + col_a[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
-            )  # [BN, BK]
-            acc_a += _weighed_product(
-                x, w_a, scale_ptr, col_a, k0, i_ok, stride_sn, stride_sk, FP8, SCALE_BN, SCALE_BK,
-                PRECISION,
-            )  # fmt: skip
-            if paired:
-                w_b = tl.load(
-                    w_ptr + (col_a + HALF)[:, None] * stride_wn + kk[None, :], mask=w_ok, other=0.0
-                )
-                acc_b += _weighed_product(
-                    x, w_b, scale_ptr, col_a + HALF, k0, i_ok, stride_sn, stride_sk, FP8,
-                    SCALE_BN, SCALE_BK, PRECISION,
-                )  # fmt: skip
-        if K_SPLITS > 1:  # the tile's whole sums in its last split's program, which alone stores
-            acc_a, acc_b, last = _sum_k_splits(
-                acc_a, acc_b, part_ptr, tickets_ptr, K_SPLITS, BM, BN
-            )
-            ok = ok & last
-        if SCALE_ROWS:
-            acc_a *= rstd
-            acc_b *= rstd
-        if EPILOGUE == _PLAIN:
-            if SOFTCAP:
-                acc_a = cap * _tanh(acc_a / cap)
-            if RELU2:
-                acc_a = tl.maximum(acc_a.to(out_ptr.dtype.element_ty).to(tl.float32), 0.0)
-                acc_a = acc_a * acc_a
-            if RESIDUAL:
-                acc_a += res.to(tl.float32)
-            if ARGMAX:  # (a NaN is never the best: drafts only, ``head_argmax``'s docstring)
-                vals = tl.where(ok, acc_a, float("-inf"))
-                top = tl.max(vals, axis=1)  # [BM]
-                first = tl.min(tl.where(vals == top[:, None], i[None, :], N_OUT), axis=1)
-                better = top > best_val  # strictly: an earlier sub-tile keeps a tie
-                best_idx = tl.where(better, first, best_idx)
-                best_val = tl.where(better, top, best_val)
-            else:
-                out = acc_a.to(out_ptr.dtype.element_ty)
-                tl.store(out_ptr + rows[:, None] * stride_om + i[None, :], out, mask=ok)
-            if NEXT_NORM:
-                s = tl.where(ok, out.to(tl.float32), 0.0)  # the stream as stored
-                tl.store(
-                    normed_out_ptr + rows[:, None] * N_OUT + i[None, :],
-                    (s * w_next[None, :]).to(normed_out_ptr.dtype.element_ty),
-                    mask=ok,
-                )
-                tl.store(
-                    sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok
-                )
-        elif EPILOGUE == _SWIGLU:
-            if (
-                ACT == _ACT_GELU_TANH
-            ):  # transformers' GELU-tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-                gate = (
-                    0.5
-                    * acc_a
-                    * (1.0 + _tanh(0.7978845608028654 * (acc_a + 0.044715 * acc_a * acc_a * acc_a)))
-                )
-            else:
-                gate = acc_a / (1.0 + tl.exp(-acc_a))
-            tl.store(
-                out_ptr + rows[:, None] * stride_om + i[None, :],
-                (gate * acc_b).to(out_ptr.dtype.element_ty),
-                mask=ok,
-            )
-        else:
-            if QK_NORM:
-                acc_a, acc_b = _head_norm(
-                    acc_a,
-                    acc_b,
-                    col_a,
-                    norm_a,
-                    norm_b,
-                    q_size,
-                    kv_size,
-                    qk_eps,
-                    BM,
-                    BN,
-                    HALF,
-                    V_NORM,
-                )
-            _qkv_epilogue(
-                acc_a,
-                acc_b,
-                rows,
-                col_a,
-                ok,
-                out_ptr,
-                stride_om,
-                cos,
-                sin,
-                slot,
-                k_cache_ptr,
-                v_cache_ptr,
-                q_size,
-                kv_size,
-                HALF,
-            )
-    if ARGMAX:
-        _argmax_across_programs(
-            best_val, best_idx, best_val_ptr, best_idx_ptr, arrivals_ptr, map_ptr, out_ptr, rows,
-            row_ok, N_OUT, pid, BM, BLOCK_PROGS, MAP,
-        )  # fmt: skip
-
-
-@triton.jit
-def _sum_k_splits(
-    acc_a,
-    acc_b,  # [BM, BN] float32: this program's sums over its K columns
-    part_ptr,  # [K_SPLITS, row tiles x programs, 2, BM, BN] float32, written
-    tickets_ptr,  # [row tiles x programs] int32, zero between launches (layers/zeroed_scratch.py)
-    K_SPLITS: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-):
-    """Split K's meeting (``_fused_rows_kernel`` K_SPLITS): this program's sums into its split's slot, then a
-    ticket. The tile's last program to take one gets (the sums of every split, added in split order: the
-    same bits whichever arrives last, True) and zeroes the ticket again; the others get (zeros, False). The
-    ticket is an atomic add, acq_rel at gpu scope, after a barrier: it releases the program's slot, and the
-    last acquires every program's, read past L1 (as ``_argmax_across_programs``)."""
-    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    slots = tl.num_programs(0) * tl.num_programs(1)
-    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
-    mine = part_ptr + (tl.program_id(2) * slots + tile).to(tl.int64) * (2 * BM * BN) + offs
-    tl.store(mine, acc_a)
-    tl.store(mine + BM * BN, acc_b)
-    tl.debug_barrier()  # every thread's slot before the ticket (one thread takes it for the program)
-    last = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel", scope="gpu") == K_SPLITS - 1
-    acc_a = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-    for split in tl.static_range(K_SPLITS):
-        part = part_ptr + (split * slots + tile).to(tl.int64) * (2 * BM * BN) + offs
-        acc_a += tl.load(part, mask=last, other=0.0, cache_modifier=".cg")
-        acc_b += tl.load(part + BM * BN, mask=last, other=0.0, cache_modifier=".cg")
-    if last:
-        tl.atomic_xchg(tickets_ptr + tile, 0)
-    return acc_a, acc_b, last
-
-
-@triton.jit
-def _weighed_product(
-    x,  # [BM, BK] in the compute dtype
-    w,  # [BN, BK]: the weight tile as stored
-    scale_ptr,
-    cols,  # [BN] the tile's weight rows
-    k0,
-    cols_ok,  # [BN]
-    stride_sn,
-    stride_sk,
-    FP8: tl.constexpr,
-    SCALE_BN: tl.constexpr,
-    SCALE_BK: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """x @ w.T [BM, BN] in float32. FP8 weights: the product of their exact values in x's dtype (e4m3 values
-    are bf16 and float32 values), times each column's block scale (the block row of its weight row, the
-    block column of k0: the step lies in one)."""
-    if FP8:  # (both branches spelled out: Triton compiles what follows an early return)
-        scale = tl.load(
-            scale_ptr + (cols // SCALE_BN).to(tl.int64) * stride_sn + (k0 // SCALE_BK) * stride_sk,
-            mask=cols_ok,
-            other=0.0,
-        ).to(tl.float32)  # [BN]
-        product = tl.dot(x, tl.trans(w.to(x.dtype)), input_precision=PRECISION) * scale[None, :]
-    else:
-        product = tl.dot(x, tl.trans(w), input_precision=PRECISION)
-    return product
-
-
-@triton.jit
-def _head_norm_weights(
-    col_a, j, q_size, kv_size, q_norm_ptr, k_norm_ptr, offset, HALF: tl.constexpr
-):
-    """The per-head norm scales of columns col_a (pair j of its head) and col_a + HALF: offset + q_norm's
-    for q columns, offset + k_norm's for k columns, 1 for v columns -> two [1, BN] float32."""
-    is_q = col_a < q_size
-    is_v = col_a >= q_size + kv_size
-    w_a = tl.where(is_q, tl.load(q_norm_ptr + j), tl.load(k_norm_ptr + j)).to(tl.float32) + offset
-    w_b = (
-        tl.where(is_q, tl.load(q_norm_ptr + j + HALF), tl.load(k_norm_ptr + j + HALF)).to(
-            tl.float32
-        )
-        + offset
-    )
-    return tl.where(is_v, 1.0, w_a)[None, :], tl.where(is_v, 1.0, w_b)[None, :]
-
-
-@triton.jit
-def _head_norm(
-    a,
-    b,
-    col_a,
-    w_a,
-    w_b,
-    q_size,
-    kv_size,
-    eps,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    HALF: tl.constexpr,
-    V_NORM: tl.constexpr,
-):
-    """a, b [BM, BN]: columns j and j + HALF of whole heads (BN // HALF of them, in order). q and k
-    columns get their head's RMSNorm (scales w_a, w_b: ``_head_norm_weights``); v columns too with
-    V_NORM (scale 1), else they pass."""
-    sq = tl.sum(tl.reshape(a * a + b * b, (BM, BN // HALF, HALF)), axis=2)  # [BM, heads]
-    rstd = tl.rsqrt(sq / (2 * HALF) + eps)
-    rstd = tl.reshape(tl.broadcast_to(rstd[:, :, None], (BM, BN // HALF, HALF)), (BM, BN))
-    if V_NORM:
-        normed = (col_a >= 0)[None, :]
-    else:
-        normed = (col_a < q_size + kv_size)[None, :]
-    return tl.where(normed, a * rstd * w_a, a), tl.where(normed, b * rstd * w_b, b)
-
-
-@triton.jit
-def _tanh(x):
-    """tanh in float32 from exp: 2 / (1 + e^-2x) - 1, x clamped to [-10, 10] (tanh(10) is 1 in float32)."""
-    return 2.0 / (1.0 + tl.exp(-2.0 * tl.minimum(tl.maximum(x, -10.0), 10.0))) - 1.0
-
-
-@triton.jit
-def _add_normed_kernel(
-    o_ptr,
-    sq_in_ptr,
-    res_ptr,
-    scale_ptr,
-    w_next_ptr,
-    out_ptr,
-    normed_ptr,
-    sq_out_ptr,
-    N,
-    num_sq_parts,
-    stride_om,
-    stride_rm,
-    eps,
-    next_offset,
-    HAS_SCALE: tl.constexpr,
-    NEXT_NORM: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-):
-    """Row r: s = (res[r] + o[r] * rsqrt(sum(sq_in[:, r]) / N + eps)) (* scale[0]), o being a projection's
-    output times its norm's scale (``project_normed``); stores s, and with NEXT_NORM s * (next_offset +
-    w_next) and sum(s^2) (s as stored)."""
-    row = tl.program_id(0)
-    M = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK)
-    ok = cols < N
-    parts = tl.arange(0, BLOCK_P)
-    sq = tl.load(sq_in_ptr + parts * M + row, mask=parts < num_sq_parts, other=0.0)
-    rstd = tl.rsqrt(tl.sum(sq, axis=0) / N + eps)
-    o = tl.load(o_ptr + row * stride_om + cols, mask=ok, other=0.0).to(tl.float32)
-    s = tl.load(res_ptr + row * stride_rm + cols, mask=ok, other=0.0).to(tl.float32) + o * rstd
-    if HAS_SCALE:
-        s = s * tl.load(scale_ptr).to(tl.float32)
-    s = s.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + row * N + cols, s, mask=ok)
-    if NEXT_NORM:
-        sf = tl.where(ok, s.to(tl.float32), 0.0)
-        w = tl.load(w_next_ptr + cols, mask=ok, other=0.0).to(tl.float32) + next_offset
-        tl.store(normed_ptr + row * N + cols, (sf * w).to(normed_ptr.dtype.element_ty), mask=ok)
-        tl.store(sq_out_ptr + row, tl.sum(sf * sf, axis=0))
-
-
-@triton.jit
-def _rope_operands(pos_ptr, cos_ptr, sin_ptr, slot_ptr, rows, row_ok, j, ok, HALF: tl.constexpr):
-    """For rows at positions pos_ptr[rows] and pair j of each column's head: cos, sin [BM, BN] float32
-    and the rows' cache slots [BM, 1]."""
-    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)  # [BM]
-    trig = pos[:, None].to(tl.int64) * HALF + j[None, :]  # [BM, BN]
-    cos = tl.load(cos_ptr + trig, mask=ok, other=1.0)
-    sin = tl.load(sin_ptr + trig, mask=ok, other=0.0)
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
-    return cos, sin, slot
-
-
-@triton.jit
-def _qkv_epilogue(
-    a,
-    b,
-    rows,
-    col_a,
-    ok,
-    q_ptr,
-    stride_qm,
-    cos,
-    sin,
-    slot,
-    k_cache_ptr,
-    v_cache_ptr,
-    q_size,
-    kv_size,
-    HALF: tl.constexpr,
-):
-    """a, b [BM, BN]: columns col_a and col_a + HALF of [q | k | v] for each row. Rotates q and k pairs
-    by cos, sin (``_rope_operands``, neox layout), then stores q into q_ptr [M, q_size] and k, v into
-    the caches' rows at the rows' slots (caches [slots, kv_size], contiguous)."""
-    rotate = (col_a < q_size + kv_size)[None, :]
-    a, b = tl.where(rotate, a * cos - b * sin, a), tl.where(rotate, b * cos + a * sin, b)
-    is_q = (col_a < q_size)[None, :]
-    q_col = tl.where(is_q, col_a, 0)[None, :]
-    q_dst = q_ptr + rows[:, None] * stride_qm + q_col
-    tl.store(q_dst, a.to(q_ptr.dtype.element_ty), mask=ok & is_q)
-    tl.store(q_dst + HALF, b.to(q_ptr.dtype.element_ty), mask=ok & is_q)
-    is_k = (col_a >= q_size)[None, :] & rotate
-    is_v = (col_a >= q_size + kv_size)[None, :]
-    kv_col = tl.where(is_v, col_a - q_size - kv_size, tl.where(is_k, col_a - q_size, 0))  # [1, BN]
-    k_dst = k_cache_ptr + slot * kv_size + kv_col
-    v_dst = v_cache_ptr + slot * kv_size + kv_col
-    tl.store(k_dst, a.to(k_cache_ptr.dtype.element_ty), mask=ok & is_k)
-    tl.store(k_dst + HALF, b.to(k_cache_ptr.dtype.element_ty), mask=ok & is_k)
-    tl.store(v_dst, a.to(v_cache_ptr.dtype.element_ty), mask=ok & is_v)
-    tl.store(v_dst + HALF, b.to(v_cache_ptr.dtype.element_ty), mask=ok & is_v)
-
-
-@triton.jit
-def _normed_rotated(
-    head_ptr,  # [BM, 1] pointers: the rows' first column of the head in the raw projection
-    x,  # [BM, HALF] float32: the head's columns h, raw
-    h,  # [HALF]
-    scale,  # [BM, 1] float32: the rows' factor (the input norm's, the head norm's)
-    is_q,  # (scalar) a q head, else a k head
-    q_norm_ptr,
-    k_norm_ptr,
-    offset,
-    pos,  # [BM] the rows' positions
-    cos_ptr,
-    sin_ptr,
-    ok,  # [BM, HALF]
-    ROT_HALF: tl.constexpr,
-    QK_NORM: tl.constexpr,
-):
-    """Columns h of a q or k head times scale (and offset + the head norm's weight with QK_NORM), rotated:
-    a column h < 2 * ROT_HALF with its neox partner h +- ROT_HALF (read again from the raw projection,
-    scaled alike) by the table's entry h mod ROT_HALF; the columns past 2 * ROT_HALF pass."""
-    rotated = h < 2 * ROT_HALF  # [HALF]
-    lower = h < ROT_HALF
-    partner = tl.where(lower, h + ROT_HALF, tl.where(rotated, h - ROT_HALF, h))  # [HALF]
-    p = tl.load(head_ptr + partner[None, :], mask=ok & rotated[None, :], other=0.0).to(tl.float32)
-    x, p = x * scale, p * scale
-    if QK_NORM:
-        w = tl.where(is_q, tl.load(q_norm_ptr + h), tl.load(k_norm_ptr + h)).to(tl.float32)
-        w_p = tl.where(is_q, tl.load(q_norm_ptr + partner), tl.load(k_norm_ptr + partner))
-        x, p = x * (w + offset)[None, :], p * (w_p.to(tl.float32) + offset)[None, :]
-    entry = tl.where(lower, h, tl.where(rotated, h - ROT_HALF, 0))  # [HALF]
-    trig = pos[:, None].to(tl.int64) * ROT_HALF + entry[None, :]  # [BM, HALF]
-    turn = ok & rotated[None, :]
-    cos = tl.load(cos_ptr + trig, mask=turn, other=1.0)
-    sin = tl.load(sin_ptr + trig, mask=turn, other=0.0)
-    return x * cos + tl.where(lower, -1.0, 1.0)[None, :] * p * sin
-
-
-@triton.jit
-def _qkv_heads_kernel(
-    raw_ptr,  # [M, q_size + 2 * kv_size] (V_FROM_K: + kv_size) any float dtype: the projection, no per-head work
-    q_ptr,
-    pos_ptr,
-    cos_ptr,  # [max_positions, ROT_HALF] float32
-    sin_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    q_norm_ptr,
-    k_norm_ptr,
-    sq_ptr,  # [num_sq_parts, M] float32 (ROW_NORM): the input norm's partial sums of squares
-    M,
-    K,  # the input norm's width (ROW_NORM)
-    num_sq_parts,
-    row_eps,
-    stride_rm,
-    stride_qm,
-    q_size,
-    kv_size,
-    qk_eps,
-    qk_offset,
-    HALF: tl.constexpr,
-    ROT_HALF: tl.constexpr,  # pairs RoPE turns a head (HALF: all of it; fewer: partial rotary)
-    BM: tl.constexpr,
-    ROW_NORM: tl.constexpr,  # raw is (s * w_norm) @ W.T: each row times rsqrt(mean(s^2) + row_eps)
-    QK_NORM: tl.constexpr,
-    V_NORM: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    Q_GATED: tl.constexpr,  # raw's q part is [q head | its gate head] per head (Qwen3-Next's q_proj)
-    V_FROM_K: tl.constexpr,  # raw holds no v rows: v head i is k head i's projection (Gemma 4's k = v)
-    PDL: tl.constexpr,
-):
-    """Program (t, h): head h of [q | k | v] for the rows of tile t, from the raw projection: with ROW_NORM
-    each row first scaled by its input norm's factor (``NormedRows``: the projection read s * w_norm); q and
-    k heads normalised by their per-head norm with QK_NORM (offset + weight) and rotated over their first
-    2 * ROT_HALF dimensions (``_normed_rotated``), v heads normalised without a weight with V_NORM, else
-    passed; q stored, k and v written into the caches' rows at the rows' slots (caches [slots, kv_size],
-    contiguous). With V_FROM_K a v head reads its k head's columns: k's projection before k's norm and RoPE."""
-    pdl_enter(PDL)
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)  # [BM]
-    row_ok = rows < M
-    first = tl.program_id(1) * 2 * HALF  # the head's first column of [q | k | v]
-    is_q = first < q_size
-    j = tl.arange(0, HALF)  # [HALF]
-    ok = row_ok[:, None] & (j < HALF)[None, :]  # [BM, HALF]
-    src = first  # its first column in raw
-    if Q_GATED:  # (each q head followed by its gate head: the q part twice as wide)
-        src = tl.where(is_q, 2 * first, first + q_size)
-    if V_FROM_K:
-        src = tl.where(first >= q_size + kv_size, first - kv_size, first)
-    head_ptr = raw_ptr + rows[:, None] * stride_rm + src  # [BM, 1]
-    a = tl.load(head_ptr + j[None, :], mask=ok, other=0.0).to(tl.float32)  # columns j
-    b = tl.load(head_ptr + HALF + j[None, :], mask=ok, other=0.0).to(tl.float32)  # j + HALF
-    scale = tl.full([BM, 1], 1.0, tl.float32)  # [BM, 1] each row's factor
-    if ROW_NORM:
-        parts = tl.arange(0, BLOCK_P)
-        sq = tl.load(
-            sq_ptr + parts[None, :] * M + rows[:, None],
-            mask=row_ok[:, None] & (parts < num_sq_parts)[None, :],
-            other=0.0,
-        )  # [BM, BLOCK_P]
-        scale = tl.rsqrt(tl.sum(sq, axis=1) / K + row_eps)[:, None]
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0).to(tl.int64)[:, None]  # [BM, 1]
-    # the head's RMSNorm, of the rows as scaled: q and k heads with QK_NORM, v heads with V_NORM
-    head_scale = scale
-    if QK_NORM or V_NORM:
-        head_sq = tl.sum(a * a + b * b, axis=1)[:, None] * scale * scale  # [BM, 1]
-        head_scale = scale * tl.rsqrt(head_sq / (2 * HALF) + qk_eps)
-    if first >= q_size + kv_size:  # a v head
-        if V_NORM:
-            scale = head_scale
-        v_dst = v_cache_ptr + slot * kv_size + (first - q_size - kv_size) + j[None, :]
-        tl.store(v_dst, (a * scale).to(v_cache_ptr.dtype.element_ty), mask=ok)
-        tl.store(v_dst + HALF, (b * scale).to(v_cache_ptr.dtype.element_ty), mask=ok)
-    else:
-        if QK_NORM:
-            scale = head_scale
-        pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)  # [BM]
-        args = (scale, is_q, q_norm_ptr, k_norm_ptr, qk_offset, pos, cos_ptr, sin_ptr, ok)
-        a = _normed_rotated(head_ptr, a, j, *args, ROT_HALF, QK_NORM)
-        b = _normed_rotated(head_ptr, b, j + HALF, *args, ROT_HALF, QK_NORM)
-        if is_q:
-            q_dst = q_ptr + rows[:, None] * stride_qm + first + j[None, :]
-            tl.store(q_dst, a.to(q_ptr.dtype.element_ty), mask=ok)
-            tl.store(q_dst + HALF, b.to(q_ptr.dtype.element_ty), mask=ok)
-        else:
-            k_dst = k_cache_ptr + slot * kv_size + (first - q_size) + j[None, :]
-            tl.store(k_dst, a.to(k_cache_ptr.dtype.element_ty), mask=ok)
-            tl.store(k_dst + HALF, b.to(k_cache_ptr.dtype.element_ty), mask=ok)
 
 
 def _quantized_product(weight) -> bool:
@@ -910,9 +160,9 @@ def _quantized_launch(
     def product(into: torch.Tensor, **finish) -> torch.Tensor:
         return _finished_product(x, weight, RowEpilogue(row_norm=norm, **finish), into)
 
-    if epilogue == _SWIGLU.value and act in SILU:
+    if epilogue == SWIGLU.value and act in SILU:
         return product(out, swiglu=True)
-    if epilogue == _SWIGLU.value:
+    if epilogue == SWIGLU.value:
         raw = product(torch.empty(x.shape[0], 2 * half, dtype=x.dtype, device=x.device))
         return act_and_mul(act, raw[:, :half], raw[:, half:])
     ready = None if next_norm is None else (next_norm[0], next_offset, next_norm[1], next_norm[2])
@@ -936,7 +186,7 @@ def _next_norm_parts(x: torch.Tensor, weight) -> int:
     n = weight.shape[0]
     if _quantized_product(weight):
         return column_blocks(m, n, k, "fp8_block", weight.block[1], x.device)
-    grid = _launch_grid(n, _PLAIN.value, n, x.device)
+    grid = _launch_grid(n, PLAIN.value, n, x.device)
     return grid.programs * grid.subs
 
 
@@ -973,7 +223,7 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     batch-invariant mode (a row's bits do not depend on M: module docstring, Rows).
 
     The mode's bit-identity on the GPU (tests/gpu/test_batch_invariant_gpu.py) failed with this rule until
-    ``_fused_rows_kernel`` stopped specializing M (its comment says why); it passes on the H200 since
+    ``fused_rows_kernel`` stopped specializing M (its comment says why); it passes on the H200 since
     (benchmarks/results/gpu_2026-11-30, call 5)."""
     if isinstance(weight, Fp8Weight):
         # fp8 weights in batch-invariant mode only (a row's bits independent of M): on the normal path the
@@ -1032,25 +282,25 @@ def _grid(n_out: int, outs: int, max_block: int, whole: int = 1) -> _Grid:
 
 def _is_wide_plain(epilogue: int, weight_rows: int) -> bool:
     """A plain projection as wide as an LM head: tiles of 64 outputs, with the paired pipeline depth."""
-    return epilogue == _PLAIN.value and weight_rows >= 16384
+    return epilogue == PLAIN.value and weight_rows >= 16384
 
 
 def _splits_heads(weight_rows: int, head_dim: int, device: torch.device) -> bool:
-    """Whether a QKV projection with per-head norms runs as a plain projection and then ``_qkv_heads_kernel``:
+    """Whether a QKV projection with per-head norms runs as a plain projection and then ``qkv_heads_kernel``:
     where whole heads a sub-tile leave fewer than one program per two SMs. Gemma-3-12B's q/k/v (head_dim
     256) made 32 programs of a head each: 32.4 us a layer at batch 1 on the H200 for 63 MB
     (benchmarks/results/gpu_2026-11-30c, call 1's step timeline); Gemma 4's head_dim 512 layers make 16."""
-    whole = _launch_grid(weight_rows // 2, _QKV.value, weight_rows, device, head_dim // 2)
+    whole = _launch_grid(weight_rows // 2, QKV.value, weight_rows, device, head_dim // 2)
     return whole.programs < num_sms(device) // 2
 
 
 def _stages(epilogue: int, weight_rows: int, block_n: int) -> int:
     """The weight stream's pipeline stages for this projection (the module's stage settings)."""
-    if epilogue == _PLAIN.value and not _is_wide_plain(epilogue, weight_rows):
+    if epilogue == PLAIN.value and not _is_wide_plain(epilogue, weight_rows):
         return plain_stages if block_n <= 32 else wide_sub_tile_stages
-    if epilogue == _SWIGLU.value:
+    if epilogue == SWIGLU.value:
         return swiglu_stages
-    return qkv_stages if epilogue == _QKV.value else paired_stages
+    return qkv_stages if epilogue == QKV.value else paired_stages
 
 
 def _fp8_stages(block_n: int, block_k: int, paired: bool) -> int:
@@ -1067,9 +317,9 @@ def _max_block(epilogue: int, weight_rows: int) -> int:
     another plain one, ``swiglu_sub_tile`` for SwiGLU's pairs, 32 for q/k/v's."""
     if _is_wide_plain(epilogue, weight_rows):
         return 64
-    if epilogue == _SWIGLU.value:
+    if epilogue == SWIGLU.value:
         return swiglu_sub_tile
-    return plain_sub_tile if epilogue == _PLAIN.value else 32
+    return plain_sub_tile if epilogue == PLAIN.value else 32
 
 
 def _launch_grid(
@@ -1136,7 +386,7 @@ def _launch(
     row_index, token_map = argmax if argmax is not None else (None, None)
     m = x.shape[0] if row_index is None else row_index.numel()
     if _quantized_product(weight):
-        if epilogue == _QKV.value or softcap is not None or tiles is not None or argmax:
+        if epilogue == QKV.value or softcap is not None or tiles is not None or argmax:
             raise ValueError(
                 "an fp8 weight's quantized product finishes plain and SwiGLU projections only (no q/k/v"
                 " heads, soft-cap, argmax or benchmark tiles: norm_project_qkv takes an fp8 weight itself)"
@@ -1148,7 +398,7 @@ def _launch(
     weight = fp8.weight if fp8 else weight
     outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
     if k_splits > 1:
-        if epilogue != _QKV.value or qk_norm is None or fp8 is not None:
+        if epilogue != QKV.value or qk_norm is None or fp8 is not None:
             raise ValueError(
                 "K is split for q/k/v with per-head norms over a half-precision weight only"
             )
@@ -1162,8 +412,8 @@ def _launch(
         outs,
         max_block,
     )
-    narrow = epilogue == _PLAIN.value and grid.block_n == 16
-    default_k = swiglu_block_k if epilogue == _SWIGLU.value else 256
+    narrow = epilogue == PLAIN.value and grid.block_n == 16
+    default_k = swiglu_block_k if epilogue == SWIGLU.value else 256
     block_k, num_warps = block_k or (narrow_block_k if narrow else default_k), num_warps or 4
     num_stages = num_stages or (
         narrow_stages if narrow else _stages(epilogue, weight.shape[0], grid.block_n)
@@ -1182,7 +432,7 @@ def _launch(
         if tiles is None or not tiles[1]:
             block_k = min(block_k, fp8_step)
         if tiles is None or not tiles[3]:
-            num_stages = _fp8_stages(grid.block_n, block_k, epilogue != _PLAIN.value)
+            num_stages = _fp8_stages(grid.block_n, block_k, epilogue != PLAIN.value)
     sq_in, eps = norm if norm is not None else (x, 0.0)
     res = residual if residual is not None else x
     w_next, normed_out, sq_out = next_norm if next_norm is not None else (x, x, x)
@@ -1225,7 +475,7 @@ def _launch(
         tickets = zeroed_scratch(  # one a (row tile, program)
             "layers/fused_projection.py: split K's tickets", x.device, _MAX_SPLIT_TILES, torch.int32
         )
-    _fused_rows_kernel[(row_tiles, grid.programs, k_splits)](
+    fused_rows_kernel[(row_tiles, grid.programs, k_splits)](
         x,
         weight,
         out,
@@ -1278,7 +528,7 @@ def _launch(
         EPILOGUE=epilogue,
         QK_NORM=qk_norm is not None,
         V_NORM=v_norm,
-        ACT=_ACT_GELU_TANH if act in GELU_TANH else _ACT_SILU,
+        ACT=ACT_GELU_TANH if act in GELU_TANH else ACT_SILU,
         SOFTCAP=softcap is not None,
         RELU2=relu2,
         HALF=half,
@@ -1304,72 +554,6 @@ def _launch(
     return out
 
 
-def normed_rows(
-    x: torch.Tensor,
-    norm_weight: torch.Tensor,
-    offset: float = 0.0,
-    residual: torch.Tensor | None = None,
-) -> NormedRows:
-    """A stream x [M, N] that no fused kernel wrote (the embeddings), made ready for RMSNorm(x) @ W.T
-    (the norm's scale offset + norm_weight); with ``residual`` [M, N] the stream is x + residual (a new
-    tensor: a sharded projection's all-reduced output added to the stream)."""
-    x = x if x.stride(1) == 1 else x.contiguous()
-    normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    stream = x if residual is None else torch.empty_like(normed)
-    res = x if residual is None else residual
-    res = res if res.stride(1) == 1 else res.contiguous()
-    sq = torch.empty(1, x.shape[0], dtype=torch.float32, device=x.device)
-    _normed_rows_kernel[(x.shape[0],)](
-        x,
-        res,
-        norm_weight,
-        stream,
-        normed,
-        sq,
-        x.shape[0],
-        x.shape[1],
-        x.stride(0),
-        res.stride(0),
-        offset,
-        RESIDUAL=residual is not None,
-        BLOCK=triton.next_power_of_2(x.shape[1]),
-    )
-    return NormedRows(stream, normed, sq)
-
-
-def embed_norm_pair(
-    token_ids: torch.Tensor,
-    embedding: torch.Tensor,
-    embed_norm: tuple[torch.Tensor, float, float],
-    hidden: torch.Tensor,
-    hidden_norm: tuple[torch.Tensor, float, float],
-) -> torch.Tensor:
-    """EAGLE3's and MTP layers' input in one kernel: token_ids [M], embedding [vocab, N], hidden [M, N],
-    norms (weight [N], eps, offset: the scale is offset + weight), each with its own eps (a widened zoo
-    rescales the hidden norm's) -> [RMSNorm(embedding[token_ids]) | RMSNorm(hidden)] [M, 2 * N]."""
-    (w_emb, eps_emb, offset_emb), (w_h, eps_h, offset_h) = embed_norm, hidden_norm
-    m, n = hidden.shape
-    hidden = hidden if hidden.stride(1) == 1 else hidden.contiguous()
-    out = torch.empty(m, 2 * n, dtype=hidden.dtype, device=hidden.device)
-    _embed_norm_pair_kernel[(m,)](
-        token_ids,
-        embedding,
-        w_emb,
-        hidden,
-        w_h,
-        out,
-        n,
-        embedding.stride(0),
-        hidden.stride(0),
-        eps_emb,
-        eps_h,
-        offset_emb,
-        offset_h,
-        BLOCK=triton.next_power_of_2(n),
-    )
-    return out
-
-
 def project_rows(
     x: torch.Tensor, weight: torch.Tensor, pdl: bool | None = None, relu2: bool = False
 ) -> torch.Tensor:
@@ -1377,7 +561,7 @@ def project_rows(
     fold in (layers/linear.py's few-row path), its outputs spread evenly over one program an SM
     (``_launch_grid``)."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, pdl=pdl, relu2=relu2)
+    return _launch(x, weight, out, weight.shape[0], PLAIN.value, pdl=pdl, relu2=relu2)
 
 
 def project_add(
@@ -1385,7 +569,7 @@ def project_add(
 ) -> torch.Tensor:
     """x [M, K], residual [M, N] -> residual + x @ weight.T [M, N] (a new tensor)."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    return _launch(x, weight, out, weight.shape[0], _PLAIN.value, residual=residual, pdl=pdl)
+    return _launch(x, weight, out, weight.shape[0], PLAIN.value, residual=residual, pdl=pdl)
 
 
 def project_add_normed(
@@ -1407,7 +591,7 @@ def project_add_normed(
         weight,
         out,
         n,
-        _PLAIN.value,
+        PLAIN.value,
         residual=residual,
         next_norm=(next_norm_weight, normed, sq),
         pdl=pdl,
@@ -1425,47 +609,6 @@ def project_normed(
 ) -> NormedRows:
     """x [M, K] @ weight.T, made ready for a sandwich norm with scale offset + norm_weight (``add_normed``)."""
     return project_add_normed(x, weight, None, norm_weight, pdl, offset)
-
-
-def add_normed(
-    o: NormedRows,
-    eps: float,
-    residual: torch.Tensor,
-    next_norm: tuple[torch.Tensor, float] | None = None,
-    scale: torch.Tensor | None = None,
-) -> NormedRows | torch.Tensor:
-    """A sandwich norm's residual add, one program a row: s = residual + RMSNorm(o.stream) (o from
-    ``project_normed``, which applied the norm's scale), times ``scale`` [1] when given -> s made ready for
-    the RMSNorm ``next_norm`` = (weight [N], offset) when given (``NormedRows``), else s [M, N]."""
-    m, n = residual.shape
-    residual = residual if residual.stride(1) == 1 else residual.contiguous()
-    out = torch.empty(m, n, dtype=residual.dtype, device=residual.device)
-    normed, sq = out, out
-    if next_norm is not None:
-        normed = torch.empty_like(out)
-        sq = torch.empty(1, m, dtype=torch.float32, device=out.device)
-    w_next, offset = next_norm if next_norm is not None else (out, 0.0)
-    _add_normed_kernel[(m,)](
-        o.normed,
-        o.sq_parts,
-        residual,
-        out if scale is None else scale,
-        w_next,
-        out,
-        normed,
-        sq,
-        n,
-        o.sq_parts.shape[0],
-        o.normed.stride(0),
-        residual.stride(0),
-        eps,
-        offset,
-        HAS_SCALE=scale is not None,
-        NEXT_NORM=next_norm is not None,
-        BLOCK=triton.next_power_of_2(n),
-        BLOCK_P=triton.next_power_of_2(o.sq_parts.shape[0]),
-    )
-    return out if next_norm is None else NormedRows(out, normed, sq)
 
 
 def norm_project(
@@ -1496,7 +639,7 @@ def norm_project(
         weight,
         out,
         weight.shape[0],
-        _PLAIN.value,
+        PLAIN.value,
         norm=(rows.sq_parts, eps),
         pdl=pdl,
         tiles=tiles,
@@ -1532,7 +675,7 @@ def head_argmax(
         weight,
         out,
         weight.shape[0],
-        _PLAIN.value,
+        PLAIN.value,
         norm=(x.sq_parts, eps) if normed else None,
         pdl=pdl,
         argmax=(rows, token_map),
@@ -1546,7 +689,7 @@ def project_swiglu(
     gated MLP's first half with no norm folded in (layers/decoder.py ``GatedMLP``'s few-row path)."""
     inter = gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    return _launch(x, gate_up, out, inter, _SWIGLU.value, half=inter, pdl=pdl, act=act)
+    return _launch(x, gate_up, out, inter, SWIGLU.value, half=inter, pdl=pdl, act=act)
 
 
 def norm_project_swiglu(
@@ -1569,7 +712,7 @@ def norm_project_swiglu(
         gate_up,
         out,
         inter,
-        _SWIGLU.value,
+        SWIGLU.value,
         half=inter,
         norm=norm,
         pdl=pdl,
@@ -1609,7 +752,7 @@ def norm_project_qkv(
     only). The q/k norms' scales are qk_offset + weight (Gemma 3: 1.0); ``v_norm``: each v head is
     normalised too, without a weight (Gemma 4). ``v_from_k``: qkv is [q_size + kv_size, K], q and k rows
     only, and v is k's projection before k's norm and RoPE (Gemma 4's attention_k_eq_v layers).
-    Two kernels, the projection and then ``_qkv_heads_kernel`` per head, where ``split_heads`` asks for it
+    Two kernels, the projection and then ``qkv_heads_kernel`` per head, where ``split_heads`` asks for it
     (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside
     batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
     fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel.
@@ -1645,7 +788,7 @@ def norm_project_qkv(
         qkv,
         q,
         qkv.shape[0] // 2,
-        _QKV.value,
+        QKV.value,
         half=head_dim // 2,
         norm=norm,
         qkv=heads.kernel_args(),
@@ -1747,7 +890,7 @@ def _project_then_heads(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``norm_project_qkv``'s two-kernel path: the projection of every row of ``weight`` ([q | k | v], and
     any rows after them; with ``q_gated`` each q head's rows followed by its gate head's) into ``raw`` [M,
-    weight rows], then ``_qkv_heads_kernel`` over q, k and v's heads. Returns (q, raw). An fp8 weight's
+    weight rows], then ``qkv_heads_kernel`` over q, k and v's heads. Returns (q, raw). An fp8 weight's
     quantized product leaves the input norm's factor to the heads kernel, unless rows beyond q/k/v's (a gate)
     are returned raw: then its store applies it (``RowEpilogue.row_norm``), to every row."""
     q = torch.empty(x.shape[0], heads.q_size, dtype=x.dtype, device=x.device)
@@ -1760,13 +903,13 @@ def _project_then_heads(
         raw = weight.project(x)  # [M, weight rows] in x's dtype
     else:
         raw = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32, device=x.device)
-        _launch(x, weight, raw, weight.shape[0], _PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
+        _launch(x, weight, raw, weight.shape[0], PLAIN.value, norm=norm, pdl=pdl, tiles=tiles)
     row_norm = quantized and norm is not None  # (the plain kernel applied the input norm itself)
     sq_parts = norm[0] if row_norm else raw
     q_norm, k_norm, qk_eps = qk_norm or (raw, raw, 0.0)
     use_pdl = pdl_available(x.device) if pdl is None else pdl
     half, qkv_rows = heads.head_dim // 2, heads.q_size + 2 * heads.kv_size
-    _qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv_rows // heads.head_dim)](
+    qkv_heads_kernel[(max(1, triton.cdiv(x.shape[0], MAX_ROWS)), qkv_rows // heads.head_dim)](
         raw,
         q,
         *heads.kernel_args()[:6],

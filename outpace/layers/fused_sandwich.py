@@ -19,6 +19,7 @@ from outpace.layers.fused_decoder import (
     norm_offset,
     projection_kernels,
     reduced_product,
+    row_norm_kernels,
     swiglu_normalised,
 )
 from outpace.layers.linear import is_sharded
@@ -135,7 +136,7 @@ def fused_sandwich_rest(
     the next layer's input norm, prepared by the last add's kernel). Two projection kernels that also
     prepare the norm after them, two row kernels that add the normed output to the stream, and the gate/up
     kernel."""
-    kernels = projection_kernels()
+    kernels = row_norm_kernels()
     post_attn, pre_mlp, post_mlp = norms
     o = _project_normed(attn, o_proj, post_attn)
     mid = kernels.add_normed(o, post_attn.eps, stream, (pre_mlp.weight, norm_offset(pre_mlp)))
@@ -148,17 +149,20 @@ def fused_sandwich_rest(
 def _project_normed(x: torch.Tensor, proj: nn.Module, norm: nn.Module):
     """x @ proj's weight.T made ready for the sandwich norm ``norm`` (``NormedRows``): one kernel, or for a
     row-parallel shard (``ends_block``) the plain projection, the all-reduce and one row kernel."""
-    kernels = projection_kernels()
     if is_sharded(proj):
-        return kernels.normed_rows(reduced_product(x, proj), norm.weight, norm_offset(norm))
-    return kernels.project_normed(x, fused_weight(proj), norm.weight, norm_offset(norm))
+        return row_norm_kernels().normed_rows(
+            reduced_product(x, proj), norm.weight, norm_offset(norm)
+        )
+    return projection_kernels().project_normed(
+        x, fused_weight(proj), norm.weight, norm_offset(norm)
+    )
 
 
 def input_rows(layer: nn.Module, h: torch.Tensor):
     """h [n, hidden], a stream no fused kernel wrote, made ready for ``layer.input_layernorm``
     (``NormedRows``): one launch."""
     norm = layer.input_layernorm
-    return projection_kernels().normed_rows(h, norm.weight, norm_offset(norm))
+    return row_norm_kernels().normed_rows(h, norm.weight, norm_offset(norm))
 
 
 def _attention_fused(layer: nn.Module, positions: torch.Tensor, rows, v_norm: bool) -> torch.Tensor:

@@ -238,7 +238,7 @@ class MultiHeadLatentAttention(PagedCacheLayer):
     def attend_rows(self, positions: torch.Tensor, rows, eps: float) -> torch.Tensor:
         """The fused block up to o_proj, for a fused residual stack (``fuses``; models/deepseek.py): positions
         [num_tokens]; rows, the layer's input stream made ready for its input norm of eps ``eps``
-        (layers/fused_projection.py ``NormedRows``: the norm folded into the down projections) or its input
+        (layers/normed_rows.py ``NormedRows``: the norm folded into the down projections) or its input
         normalised [num_tokens, hidden] -> the heads' attended values [num_tokens, heads * v_head_dim]
         (o_proj's input). Writes the tokens' cache rows."""
         from outpace.layers.mla_fused import mla_attend_fused  # Triton: a GPU dependency

@@ -5,11 +5,11 @@ path; tests/kernels/test_mla_fused.py counts both on the GPU).
 1. ``_down_kernel``: the projections of the (already normalised) input x in one grid, the query's outputs
    and kv_a_proj_with_mqa's side by side (both stream their weights against the same rows). On a fused
    residual stack (models/deepseek.py ``forward_fused``) x is the stream times the input norm's weight
-   (layers/fused_projection.py ``NormedRows``) and each row's products are scaled by the norm's factor from
+   (layers/normed_rows.py ``NormedRows``) and each row's products are scaled by the norm's factor from
    the stream's partial sums of squares, as that file's projections fold a norm in: no launch for the norm. With a
    q_lora_rank the query's part is q_a_proj: it leaves q_a * w (w: q_a_layernorm's weight) and each
    program's sums of q_a^2, so that the next kernel applies the norm as rstd * ((q_a * w) @ W.T)
-   (layers/fused_projection.py's NormedRows idea). Without one it is q_proj, the whole query: its float32
+   (layers/normed_rows.py's NormedRows idea). Without one it is q_proj, the whole query: its float32
    rows. The kv part leaves its raw float32 rows [latent | k_pe].
 2. The query latent W_UK^T q_nope, the rotated q_pe, and one program that finishes the kv rows
    (kv_a_layernorm on the latent, RoPE on k_pe) and writes them into the latent cache at the tokens'
@@ -68,8 +68,8 @@ from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
 from outpace.attention.triton_kernels import fp8_rows
 from outpace.layers.fused_kernels import row_rstd
-from outpace.layers.fused_projection import NormedRows
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
+from outpace.layers.normed_rows import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.linear import Fp8Tensor, is_quantized
 from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile

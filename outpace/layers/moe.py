@@ -97,7 +97,7 @@ from outpace.layers.quant.experts import (
 from outpace.layers.recurrent import rows_alone
 
 if TYPE_CHECKING:
-    from outpace.layers.fused_projection import NormedRows
+    from outpace.layers.normed_rows import NormedRows
 
 
 @dataclass(frozen=True)
@@ -670,7 +670,7 @@ def stacked_experts(
 @dataclass(frozen=True)
 class RowNorm:
     """A MoE block's input on a fused residual stack: x is the stream times its RMSNorm's weight
-    (``NormedRows.normed``, layers/fused_projection.py), each row's norm factor rsqrt(mean(stream^2) + eps)
+    (``NormedRows.normed``, layers/normed_rows.py), each row's norm factor rsqrt(mean(stream^2) + eps)
     still to apply. The routing kernel computes it from the stream's partial sums of squares, scales the
     row's logits by it and writes it into ``scale``; the grouped gate/up kernel scales the row's products
     (layers/moe_routing_kernel.py, layers/moe_kernels.py): the norm costs no launch of its own."""
@@ -704,7 +704,7 @@ class ReadyStream(NamedTuple):
     def add(self, out: torch.Tensor) -> NormedRows:
         """out [n, hidden] (plus the addend) added to the stream and made ready, in a launch of its own
         (where the block's output did not come from the combine)."""
-        from outpace.layers.fused_projection import normed_rows  # (Triton: on the fused paths only)
+        from outpace.layers.normed_rows import normed_rows  # (Triton: on the fused paths only)
 
         out = out if self.addend is None else out + self.addend
         return normed_rows(out, self.weight, self.offset, residual=self.stream)

@@ -117,7 +117,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.fused_projection import NormedRows
+from outpace.layers.normed_rows import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.quant.quant_matmul_kernel import (
     one_row_max_k,
@@ -1072,7 +1072,7 @@ def _combine_kernel(
     routed slots' sum and the shared slots' sum, each written. SKIPS: a routed slot whose id is -1 adds zeros
     (its row was never written: ``grouped_experts``' skipped_slots). READY: the sum, rounded to the stream's
     dtype as the block's output is, added to the stream (the norm kernel's residual add: float32, rounded),
-    and the new stream made ready for the next norm (layers/fused_projection.py ``NormedRows``); ADDEND: another
+    and the new stream made ready for the next norm (layers/normed_rows.py ``NormedRows``); ADDEND: another
     output of the block (a shared MLP run beside the experts) added to the rounded sum first, rounded again."""
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     token = tl.program_id(0).to(tl.int64)

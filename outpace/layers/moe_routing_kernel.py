@@ -68,7 +68,7 @@ Two options for routers beyond DeepSeek's (Gemma 4's: transformers Gemma4TextRou
   the scaling (Gemma 4's per_expert_scale).
 
 One for a block on a fused residual stack (layers/moe.py ``RowNorm``): x is the stream times its norm's
-weight (``NormedRows.normed``, layers/fused_projection.py) and the norm's sums of squares come in parts; the
+weight (``NormedRows.normed``, layers/normed_rows.py) and the norm's sums of squares come in parts; the
 route kernel multiplies each token's summed logits (the shared gate's too) by rsqrt(mean(s^2) + eps) and
 writes that factor, which the grouped gate/up kernel applies to its products: the norm costs no launch.
 

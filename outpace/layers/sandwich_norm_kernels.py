@@ -9,8 +9,8 @@ import triton
 import triton.language as tl
 
 from outpace.layers.fused_kernels import row_warps
-from outpace.layers.fused_projection import NormedRows
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.normed_rows import NormedRows
 
 
 @triton.jit
@@ -84,8 +84,8 @@ def _after_mlp_kernel(
     NEXT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """NEXT: the output also made ready for the next layer's input norm (layers/fused_projection.py
-    ``NormedRows``, as its ``_normed_rows_kernel`` writes them)."""
+    """NEXT: the output also made ready for the next layer's input norm (layers/normed_rows.py
+    ``NormedRows``, as its ``normed_rows`` writes them)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim

@@ -67,6 +67,6 @@ def after_mlp(
     h = h if scale is None else h * scale
     if next_norm is None:
         return h
-    from outpace.layers.fused_projection import normed_rows  # (imports Triton)
+    from outpace.layers.normed_rows import normed_rows  # (imports Triton)
 
     return normed_rows(h, next_norm.weight, next_norm.offset)

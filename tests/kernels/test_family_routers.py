@@ -221,7 +221,7 @@ def test_a_shared_expert_beside_the_experts_joins_their_combine_on_the_fused_sta
     not run."""
     from unittest.mock import patch
 
-    from outpace.layers import fused_projection
+    from outpace.layers import normed_rows as row_norms
     from outpace.layers.moe import ReadyStream
 
     limit, shared_limit, width, _ = STEP_CASES[case]
@@ -231,9 +231,7 @@ def test_a_shared_expert_beside_the_experts_joins_their_combine_on_the_fused_sta
     ready = ReadyStream(stream, norm_weight, 1.0)
     moe.kernels, moe.gate.kernel = True, True
     expected = ready.add(moe(x, shared))  # (the block's output, then the stream readied apart)
-    with patch.object(
-        fused_projection, "normed_rows", side_effect=AssertionError("a launch apart")
-    ):
+    with patch.object(row_norms, "normed_rows", side_effect=AssertionError("a launch apart")):
         got = moe(x, shared, ready=ready)
     assert torch.equal(got.stream, expected.stream) and torch.equal(got.normed, expected.normed)
     torch.testing.assert_close(got.sq_parts.sum(0), expected.sq_parts.sum(0))
@@ -246,8 +244,8 @@ def test_a_shared_expert_beside_the_experts_reads_the_stream_made_ready_for_the_
     ``RowNorm``: the norm folded into routing and the grouped gate/up): a shared expert that does not fuse reads
     it through the norm-folding projections too (layers/fused_decoder.py ``mlp_normalised``; a clamped one its
     gate and up apart, then its clamp), so the norm runs as no launch: the block over norm(stream)."""
-    from outpace.layers.fused_projection import normed_rows
     from outpace.layers.moe import RowNorm, takes_normed_rows
+    from outpace.layers.normed_rows import normed_rows
 
     limit, shared_limit, width, _ = STEP_CASES[case]
     moe, shared = step_block(limit, shared_limit, width, seed=40 + n)

@@ -25,10 +25,10 @@ from helpers.mla_layers import make_layer
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.attention.registry import get_backend
 from outpace.layers import mla_fused
-from outpace.layers.fused_projection import NormedRows
 from outpace.layers.linear import linear
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
 from outpace.layers.norm import RMSNorm
+from outpace.layers.normed_rows import NormedRows
 from outpace.layers.quant import dequantize as dq
 from outpace.layers.quant.linear import FORMATS, is_quantized, quantized_like
 from outpace.layers.quant.scheme import FP8_BLOCK, FP8_TENSOR, INT4_GROUP, QuantScheme
@@ -402,7 +402,7 @@ def test_fuses_reads_block_fp8_and_leaves_other_formats_to_the_eager_path(fused_
 
 def normed_rows_of(stream: torch.Tensor, weight: torch.Tensor, parts: int) -> NormedRows:
     """What a kernel that wrote the stream [n, hidden] hands on for the norm of weight ``weight`` after it
-    (layers/fused_projection.py ``NormedRows``): stream * weight, and the stream's sums of squares in
+    (layers/normed_rows.py ``NormedRows``): stream * weight, and the stream's sums of squares in
     ``parts`` column slices [parts, n], as several programs of that kernel leave them."""
     sq = torch.stack([(part.float() ** 2).sum(1) for part in stream.tensor_split(parts, dim=1)])
     return NormedRows(stream, stream * weight, sq)

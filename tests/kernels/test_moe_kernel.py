@@ -131,7 +131,7 @@ def test_combine_adds_the_stream_and_readies_the_next_norm(n, hidden, offset, se
     leaves it made ready for the next norm, as ``normed_rows`` of the output with the stream as residual:
     the same stream bits, its product with the norm's scale, and sums of squares that add up to the row's
     (one part per combine program: several where the hidden size spans several)."""
-    from outpace.layers.fused_projection import normed_rows
+    from outpace.layers.normed_rows import normed_rows
 
     moe = make_moe(hidden=hidden, inter=12, experts=8, top_k=3, dtype=torch.bfloat16)
     g = torch.Generator().manual_seed(n)
@@ -557,7 +557,7 @@ def test_qwen3_next_shared_expert_beside_the_experts_joins_their_combine(tmp_pat
     import transformers
 
     from helpers.hybrid_models import HYBRIDS
-    from outpace.layers import fused_projection
+    from outpace.layers import normed_rows as row_norms
     from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
     from outpace.layers.moe import ReadyStream
     from outpace.model_config import ModelConfig
@@ -575,7 +575,7 @@ def test_qwen3_next_shared_expert_beside_the_experts_joins_their_combine(tmp_pat
     with torch.no_grad():
         block.experts.kernels, block.gate.kernel = True, True
         expected = ready.add(block.partial(x.to(DEVICE)))
-        with patch.object(fused_projection, "normed_rows", side_effect=AssertionError("apart")):
+        with patch.object(row_norms, "normed_rows", side_effect=AssertionError("apart")):
             got = block.partial(x.to(DEVICE), ready=ready)
     assert torch.equal(got.stream, expected.stream) and torch.equal(got.normed, expected.normed)
 

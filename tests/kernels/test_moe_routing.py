@@ -232,9 +232,9 @@ def test_a_stream_made_ready_for_its_norm_routes_as_the_norm(case, n):
     """``RowNorm``: x is a stream times its norm's weight (``NormedRows``, sums of squares in parts over an
     odd hidden size) and the kernel scales each token's logits by the norm's factor: the routing of the
     normalised stream, and the factor written for the gate/up kernel."""
-    from outpace.layers.fused_projection import NormedRows, normed_rows
     from outpace.layers.moe import RowNorm
     from outpace.layers.norm import rms_norm_torch
+    from outpace.layers.normed_rows import NormedRows, normed_rows
 
     g = torch.Generator().manual_seed(n)
     hidden, eps = 197, 1e-6

@@ -16,18 +16,16 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention.context import forward_settings  # noqa: E402
-from outpace.layers.fused_projection import (  # noqa: E402
-    NormedRows,
-    add_normed,
+from outpace.layers.fused_projection import (
     fused_rows_apply,
     norm_project,
     norm_project_qkv,
     norm_project_swiglu,
-    normed_rows,
     project_add,
     project_add_normed,
     project_normed,
-)
+)  # noqa: E402
+from outpace.layers.normed_rows import NormedRows, add_normed, normed_rows  # noqa: E402
 from outpace.layers.rotary import RotaryEmbedding  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -7,23 +7,21 @@ import torch.nn.functional as F
 
 from helpers.fused_decode import decode_forward
 from outpace.layers.fused_projection import (
-    _PLAIN,
-    _QKV,
     _launch_grid,
     _splits_heads,
-    embed_norm_pair,
     fused_rows_apply,
     norm_project,
     norm_project_qkv,
     norm_project_qkv_gate,
     norm_project_swiglu,
-    normed_rows,
     project_add,
     project_add_normed,
     project_rows,
     project_swiglu,
 )
+from outpace.layers.fused_rows_kernel import PLAIN, QKV
 from outpace.layers.norm import rms_norm_f32, rms_norm_torch
+from outpace.layers.normed_rows import embed_norm_pair, normed_rows
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -356,13 +354,13 @@ def test_embed_norm_pair_is_both_norms_concatenated(eps_h, offsets):
 @pytest.mark.parametrize(
     "n_out,epilogue,whole",
     [
-        (70, _PLAIN, 1),
-        (4096, _PLAIN, 1),
-        (128256, _PLAIN, 1),
-        (14336, _QKV, 1),
-        (3072, _QKV, 1),
-        (80, _QKV, 8),
-        (3072, _QKV, 64),
+        (70, PLAIN, 1),
+        (4096, PLAIN, 1),
+        (128256, PLAIN, 1),
+        (14336, QKV, 1),
+        (3072, QKV, 1),
+        (80, QKV, 8),
+        (3072, QKV, 64),
     ],
 )
 def test_grid_gives_every_output_to_one_program_evenly(

@@ -13,18 +13,18 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 
 from outpace.attention.context import forward_settings  # noqa: E402
-from outpace.layers.fused_projection import (  # noqa: E402
+from outpace.layers.fused_projection import (
     _fp8_block_k,
     norm_project,
     norm_project_qkv,
     norm_project_qkv_gate,
     norm_project_swiglu,
-    normed_rows,
     project_add,
     project_add_normed,
     project_rows,
-)
+)  # noqa: E402
 from outpace.layers.norm import rms_norm_torch  # noqa: E402
+from outpace.layers.normed_rows import normed_rows  # noqa: E402
 from outpace.layers.quant.dequantize import (  # noqa: E402
     dequantize_fp8_block,
     dequantize_fp8_tensor,

@@ -1,4 +1,4 @@
-"""The fused few-row projection kernel (layers/fused_projection.py ``_fused_rows_kernel``) compiled for an
+"""The fused few-row projection kernel (layers/fused_rows_kernel.py, launched by layers/fused_projection.py) compiled for an
 H100 / H200 (sm_90) without a GPU, in a process of its own (the interpreter replaces @triton.jit here), as its
 launches compile it: the launch code runs on CPU tensors of Step-3.5-Flash's shapes at tensor parallelism 2 (one
 token, 132 SMs) with a recorder in place of the kernel, and each recorded launch is compiled as Triton's launcher
@@ -9,7 +9,7 @@ half of each head turned), and over bf16 weights (plain; q/k/v with Step-3.5's
 zero-centred head norms; Gemma 4's full layers, v from k's projection): each must compile (the interpreter ran
 an fp8 kernel that Triton's compiler refused: the product of bf16 and fp8 tiles after an early return), keep its
 registers (ptxas -v: no spills) and stream its weights through cp.async. And the embedding-and-norms pair
-(``_embed_norm_pair_kernel``: EAGLE3's and MTP layers' input) at the widened Qwen3.5's shape, and the greedy draft
+(layers/normed_rows.py ``embed_norm_pair``: EAGLE3's and MTP layers' input) at the widened Qwen3.5's shape, and the greedy draft
 heads with the argmax folded in (``head_argmax``). And q/k/v with K split among each head's programs
 (``qkv_split_k``) at Qwen3-30B-A3B's and Gemma-3-12B's heads: one launch whose programs meet at a ticket."""
 
@@ -24,7 +24,7 @@ from helpers.hopper_compile import run_compile_script  # noqa: E402
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report, launches_of,
 # compile_as_launched)
 SM90_COMPILE = """
-from outpace.layers import fused_projection as fp
+from outpace.layers import fused_projection as fp, normed_rows
 from outpace.layers.quant.fp8_weight import Fp8Weight
 
 from outpace.attention.context import forward_settings
@@ -47,7 +47,7 @@ def fp8(n, k):
                      (128, 128))
 
 x, stream = torch.empty(1, 6144, dtype=torch.bfloat16), torch.empty(1, 4096, dtype=torch.bfloat16)
-rows = fp.NormedRows(stream, stream.clone(), torch.empty(1, 1))
+rows = normed_rows.NormedRows(stream, stream.clone(), torch.empty(1, 1))
 norm = torch.empty(4096, dtype=torch.bfloat16)
 caches = [torch.empty(64, 16, 4, 128, dtype=torch.bfloat16) for _ in range(2)]
 qkv_args = (torch.zeros(1, dtype=torch.int64), torch.empty(4096, 64), torch.empty(4096, 64), *caches,
@@ -91,7 +91,7 @@ cases = {
                                             qkv_args[5], pdl=True, qk_norm=(norm[:256], norm[:256], 1e-6),
                                             qk_offset=1.0),
     # an MTP draft pass's input at the widened Qwen3.5's shape: the embedding's gather and both norms (1 + w)
-    "embed_norm_pair:bf16": lambda: fp.embed_norm_pair(torch.zeros(12, dtype=torch.int64),
+    "embed_norm_pair:bf16": lambda: normed_rows.embed_norm_pair(torch.zeros(12, dtype=torch.int64),
                                                        torch.empty(4096, 4096, dtype=torch.bfloat16),
                                                        (stream[0], 1e-6, 1.0), stream.expand(12, -1),
                                                        (stream[0], 1e-6, 1.0)),
@@ -102,17 +102,26 @@ cases = {
     "argmax_normed_map:bf16": lambda: fp.head_argmax(rows, torch.empty(32000, 4096, dtype=torch.bfloat16), 1e-5,
                                                      token_map=torch.zeros(32000, dtype=torch.int64), pdl=True),
 }
-# (per-head norms on few programs: the first two, in turn)
-kernels = ["_fused_rows_kernel", "_qkv_heads_kernel", "_embed_norm_pair_kernel"]
+# {kernel: (the kernel, its launches)} of one case, each kernel recorded under the name its launcher calls (per-head
+# norms on few programs: the first two, in turn)
+def launches(run):
+    projections = {}
+    record = lambda: projections.update(launches_of(fp, ["fused_rows_kernel", "qkv_heads_kernel"], run))
+    rows = launches_of(normed_rows, ["_embed_norm_pair_kernel"], record)
+    return {
+        **{k: (getattr(fp, k), v) for k, v in projections.items()},
+        **{k: (getattr(normed_rows, k), v) for k, v in rows.items()},
+    }
+
 for name, run in cases.items():
     ok = True
-    for kernel, launches in launches_of(fp, kernels, run).items():
-        for args, kwargs in launches:
-            compiled = compile_as_launched(getattr(fp, kernel), args, kwargs)
+    for kernel, (jitted, recorded) in launches(run).items():
+        for args, kwargs in recorded:
+            compiled = compile_as_launched(jitted, args, kwargs)
             ok &= "0 bytes spill stores" in ptxas_report(compiled)
-            ok &= kernel != "_fused_rows_kernel" or "cp.async" in compiled.asm["ptx"]
+            ok &= kernel != "fused_rows_kernel" or "cp.async" in compiled.asm["ptx"]
             # split K: one launch, its programs meeting at a ticket, within an H100's shared memory (227 KB)
-            ok &= "split_k" not in name or (kernel == "_fused_rows_kernel" and kwargs["K_SPLITS"] > 1
+            ok &= "split_k" not in name or (kernel == "fused_rows_kernel" and kwargs["K_SPLITS"] > 1
                                             and "atom.global.gpu.acq_rel.add" in compiled.asm["ptx"]
                                             and compiled.metadata.shared <= 227 * 1024)
     print(name, ok)

@@ -14,14 +14,13 @@ from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
 from helpers.hf_models import save_hf_model
 from outpace.layers.activation import ACTIVATIONS
 from outpace.layers.fused_projection import (
-    add_normed,
     norm_project,
     norm_project_qkv,
     norm_project_swiglu,
-    normed_rows,
     project_normed,
 )
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.normed_rows import add_normed, normed_rows
 from outpace.layers.rotary import RotaryEmbedding, rotary_torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -11,14 +11,14 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from outpace.layers.fused_projection import (  # noqa: E402
-    _PLAIN,
+from outpace.layers.fused_projection import (
     _launch_grid,
     head_argmax,
     norm_project,
-    normed_rows,
     project_rows,
-)
+)  # noqa: E402
+from outpace.layers.fused_rows_kernel import PLAIN  # noqa: E402
+from outpace.layers.normed_rows import normed_rows  # noqa: E402
 from outpace.layers.zeroed_scratch import _BUFFERS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -34,7 +34,7 @@ def _rand(*shape, seed):
 def test_tokens_are_the_argmax_of_the_projection(m, k, n):
     """Across several programs (and two row tiles at 20 rows): the argmax of what ``project_rows`` writes."""
     x, w = _rand(m, k, seed=1), _rand(n, k, seed=2)
-    assert _launch_grid(n, _PLAIN.value, n, torch.device(DEVICE)).programs > 1
+    assert _launch_grid(n, PLAIN.value, n, torch.device(DEVICE)).programs > 1
     logits = project_rows(x, w).float()
     assert torch.equal(head_argmax(x, w), logits.argmax(-1))
 

@@ -17,7 +17,7 @@ from outpace.attention import build_paged_metadata, forward_context  # noqa: E40
 from outpace.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from outpace.cache.block_pool import BlockPool  # noqa: E402
 from outpace.cache.kv_cache import bind_kv_cache  # noqa: E402
-from outpace.layers import fused_decoder, fused_projection  # noqa: E402
+from outpace.layers import fused_decoder, normed_rows  # noqa: E402
 from outpace.models.deepseek import DeepseekDecoderLayer  # noqa: E402
 from outpace.models.drafts import mtp as mtp_module  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
@@ -48,8 +48,8 @@ def _mtp_decode(mtp, model, hidden_size: int, fused: bool, monkeypatch) -> torch
         monkeypatch.setattr(module, "fusable_rows", lambda x, w: fused)
     monkeypatch.setattr(mtp_module, "input_pair_fuses", lambda x, table, *norms: fused)
     monkeypatch.setattr(mla_module.MultiHeadLatentAttention, "fused", fused)
-    pairs, real = [], fused_projection.embed_norm_pair
-    monkeypatch.setattr(fused_projection, "embed_norm_pair", lambda *a: pairs.append(1) or real(*a))
+    pairs, real = [], normed_rows.embed_norm_pair
+    monkeypatch.setattr(normed_rows, "embed_norm_pair", lambda *a: pairs.append(1) or real(*a))
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(model.config.vocab_size, (3,), generator=generator)
     hidden = torch.randn(3, hidden_size, generator=generator)

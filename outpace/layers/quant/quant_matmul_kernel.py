@@ -576,7 +576,7 @@ def _quant_matmul_kernel(
             out = total.to(out_ptr.dtype.element_ty)
             out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
             tl.store(out_ptrs, out, mask=out_mask)
-        # the stream as stored, made ready for the next norm (layers/fused_projection.py NormedRows)
+        # the stream as stored, made ready for the next norm (layers/normed_rows.py NormedRows)
         if NEXT_NORM:
             s = tl.where(out_mask, out.to(tl.float32), 0.0)
             w_next = (
@@ -653,7 +653,7 @@ def sum_splits(
 @dataclass(frozen=True)
 class RowEpilogue:
     """What ``_quant_matmul_kernel`` does to an output tile's whole product before it stores it: the pieces of
-    the fused residual stack (layers/fused_projection.py ``NormedRows``) for a weight read quantized.
+    the fused residual stack (layers/normed_rows.py ``NormedRows``) for a weight read quantized.
 
     row_norm: (sq_parts [P, M] float32, eps): x is a residual stream times its RMSNorm's weight, and each row's
       product is scaled by the norm's factor from those partial sums of the stream's squares;
