@@ -19,7 +19,7 @@ def _interpret_dots_row_by_row() -> None:
     gets other bits in a 16-row than in a 32-row tile (OPENBLAS_CORETYPE=Haswell shows it on any
     x86-64 machine: tests/kernels/test_interpreter_dot.py then fails without this), which is why the
     batch-invariant attention tests failed on some machines and not others. A GPU's MMA does not do
-    that (the batch-invariant kernels rest on it: attention/triton_kernels.py), so the interpreter
+    that (the batch-invariant kernels rest on it: attention/invariant_attention.py), so the interpreter
     would test the BLAS of the machine rather than the kernels' own reduction order. Here each output
     element is the sum over k of a[i, k] * b[k, j] in increasing k, accumulated in the accumulator's
     dtype: one numpy reduction over a strided axis, which numpy walks in order, the same arithmetic

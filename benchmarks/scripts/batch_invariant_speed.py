@@ -38,9 +38,9 @@ def build(shape: str | None, workdir: Path, max_context: int, invariant: bool):
 
 def set_split_rows(rows: int) -> None:
     """The mode's KV rows per split, for attention and MLA alike (module settings read at each launch)."""
-    from outpace.attention import mla_kernels, triton_kernels
+    from outpace.attention import invariant_attention, mla_kernels
 
-    triton_kernels._INVARIANT_SPLIT_ROWS = mla_kernels.invariant_split_rows = rows
+    invariant_attention._INVARIANT_SPLIT_ROWS = mla_kernels.invariant_split_rows = rows
 
 
 def measure(

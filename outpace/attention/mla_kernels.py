@@ -39,7 +39,7 @@ Batch-invariant mode (EngineConfig.batch_invariant, read through
 ``outpace.attention.context.batch_invariant``). Above, a row's reduction order follows the batch: BLOCK_M
 follows max_query_len (in half precision), the split count the grid and each split's length the
 sequence's (its tile's) length. In the mode ``_attend`` launches the same two kernels with parameters
-that follow the model's shape and dtype only, as attention/triton_kernels.py's invariant variant does
+that follow the model's shape and dtype only, as attention/invariant_attention.py's variant does
 (its docstring gives the arguments at length):
 
 - Fixed tiles: BLOCK_M 16 in float32 and ``invariant_block_m(heads)`` in half precision whatever the
@@ -57,7 +57,7 @@ that follow the model's shape and dtype only, as attention/triton_kernels.py's i
   rows its mask row shows (a node's ancestors by depth, then itself), logical row window_start + j being
   the (j + 1)-th of them. That is what a chain verifying the node's path, or decoding its token once its
   ancestors are committed, holds at rows 0 .. its position, in the same tiles and splits: walked in place
-  its visible keys would sit at other columns of other tiles (attention/triton_kernels.py's invariant
+  its visible keys would sit at other columns of other tiles (attention/invariant_attention.py's
   variant gives the argument at length and walks its tree the same way). The tiles wholly before the
   window are shared by the tile's rows; a tile reaching into the window is gathered once per query token
   of the row tile (its rows; the other rows masked, no-ops for them as above). A row tile's splits run up
@@ -65,7 +65,7 @@ that follow the model's shape and dtype only, as attention/triton_kernels.py's i
 - Always partials, merged by ``_combine_kernel`` (one normalisation, the merge's, whatever the split
   count) in groups of a fixed number of splits from split 0, each group in one reduction, the groups in
   split order: a neutral partial, written or not run, weighs 0 in its group and a neutral group is the
-  merge's identity (``_merge_partials``), so the splits a row's batch adds past its visible rows change
+  merge's identity (``merge_partials``), so the splits a row's batch adds past its visible rows change
   none of its bits. With W_UV (``mla_attention_up``) the merge's dot is per (row, split) as well.
 
 So a decode row equals the same token inside a verify chain, a tree node the same token in its path's
@@ -87,23 +87,28 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant, invariant_launch_options
+from outpace.attention.invariant_attention import (
+    invariant_programs,
+    last_logical_rows,
+    mask_row,
+    merge_partials,
+)
+from outpace.attention.kernel_parts import (
+    LOG2E,
+    cache_row_lines,
+    cache_scales,
+    kv_offsets,
+    last_dim_contiguous,
+    mask_args,
+    prefetch_lines,
+    softmax_step,
+    split_partials,
+)
 from outpace.attention.kv_quant import is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
-from outpace.attention.triton_kernels import (
-    _kv_offsets,
-    _kv_scales,
-    _last_logical_rows,
-    _mask_row,
-    _merge_partials,
-    _softmax_step,
-    cache_row_lines,
-    invariant_programs,
-    prefetch_lines,
-)
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 
-_LOG2E = 1.4426950408889634
 _PROGRAMS_PER_SM = 2
 _MAX_SPLITS = 64
 # The merge (``_combine_kernel``): a program's tile is _COMBINE_ROWS (token, split) partials of the whole latent,
@@ -135,7 +140,7 @@ combine_token_heads = 128
 # (benchmarks/scripts/decode_settings.py mla, benchmarks/results/gpu_2026-11-30b call 2).
 min_split_rows = 64
 # Batch-invariant mode: KV rows per split (split j covers the absolute rows [j * S, (j + 1) * S); a multiple
-# of BLOCK_N, as attention/triton_kernels.py's _INVARIANT_SPLIT_ROWS). DeepSeek-V2-Lite's decode over 512 cached
+# of BLOCK_N, as attention/invariant_attention.py's _INVARIANT_SPLIT_ROWS). DeepSeek-V2-Lite's decode over 512 cached
 # tokens in the mode at S = 128 / 64 / 32 (16-row tiles, ``invariant_block_m``): 378.5 / 393.7 / 391.3 tokens/s at
 # batch 1, 1420.0 / 1432.8 / 1399.1 at batch 8, against 427.7 / 1436.7 on the normal path
 # (benchmarks/scripts/batch_invariant_speed.py --split-rows, gpu_2026-12-01b call 3); 512 had been slower still
@@ -159,7 +164,7 @@ attention_stages = 2
 attention_warps = 8
 wide_tile_programs = 8
 # With programmatic dependent launch, latent cache rows of its first split a program asks into L2 before it waits on
-# the kernel before it (attention/triton_kernels.py ``cache_row_lines``; 0: none)
+# the kernel before it (attention/kernel_parts.py ``cache_row_lines``; 0: none)
 prefetch_kv_rows = 0
 
 
@@ -229,10 +234,10 @@ def _latent_step(
     """One BLOCK_N tile of the online softmax over latent cache rows: scores q_lat . c + q_pe . k_pe (two
     dots), -inf where not ``visible``, the latents c as values. The same operations for every tile and
     call; only the rows read and ``visible`` differ."""
-    lat_offs, lat_ok = _kv_offsets(
+    lat_offs, lat_ok = kv_offsets(
         rows, rows_ok, bt_ptr, stride_cache_slot, offs_r, r_ok, BLOCK_SIZE
     )
-    pe_offs, pe_ok = _kv_offsets(
+    pe_offs, pe_ok = kv_offsets(
         rows, rows_ok, bt_ptr, stride_cache_slot, R + offs_p, p_ok, BLOCK_SIZE
     )
     # [BLOCK_N, BLOCK_R] and [BLOCK_N, BLOCK_P]
@@ -243,7 +248,7 @@ def _latent_step(
         tl.dot(q_pe, tl.trans(k_pe), s, input_precision=PRECISION) * score_scale
     )  # [BLOCK_M, BLOCK_N]
     s = tl.where(visible, s, float("-inf"))
-    return _softmax_step(s, latent, m_i, l_i, acc, PRECISION)
+    return softmax_step(s, latent, m_i, l_i, acc, PRECISION)
 
 
 @triton.jit(
@@ -358,7 +363,7 @@ def _mla_kernel(
             other=0.0,
         )  # [BLOCK_M, BLOCK_P]
         # An FP8 row is stored * scale, key and value alike: the scale folds into the scores and the output.
-        k_scale = _kv_scales(k_scale_ptr, k_scale_ptr, KV_SCALED)[0]
+        k_scale = cache_scales(k_scale_ptr, k_scale_ptr, KV_SCALED)[0]
         score_scale = qk_scale * k_scale
         bt_ptr = block_tables_ptr + seq * stride_bt_seq
         mask_seq = custom_mask_ptr + seq * stride_mask_seq  # (HAS_MASK)
@@ -366,7 +371,7 @@ def _mla_kernel(
         # [BLOCK_M] each row's last visible (logical) KV row; causal: its own
         own_row = prefix + q_index
         if LOGICAL_ROWS:  # the rows before the window, then the window rows its mask row shows
-            own_row = _last_logical_rows(
+            own_row = last_logical_rows(
                 mask_seq, q_index, row_ok, stride_mask_q, window, window_start, BLOCK_W
             )
         for split in range(tl.program_id(2), live_splits, tl.num_programs(2)):
@@ -434,7 +439,7 @@ def _mla_kernel(
                     )
                     for t in range(BLOCK_Q):
                         query = first_query + t
-                        seen, rank, count = _mask_row(
+                        seen, rank, count = mask_row(
                             mask_seq, query, query <= last_query, stride_mask_q, window, BLOCK_W
                         )
                         if (query <= last_query) & (start < window_start + count):
@@ -525,7 +530,7 @@ def _combine_kernel(
 
     The splits come BLOCK_S at a time (a group), all of a group's loads issued together (W_UV's before the
     metadata's) and merged in one max / exp2 / sum reduction, the groups then merged in split order
-    (``_merge_partials``). A group of splits that did not run for a row is neutral for it (max -1e30, sum 0,
+    (``merge_partials``). A group of splits that did not run for a row is neutral for it (max -1e30, sum 0,
     values 0: the merge's identity, bit for bit), so the groups a row's block walks past its own splits
     change none of its bits, and in batch-invariant mode (BLOCK_T, so BLOCK_S and the groups, fixed) a row's
     merge follows the fixed partition only. At batch 1 a group holds 16 splits: over 1024 cached rows (the
@@ -591,7 +596,7 @@ def _combine_kernel(
         # a split that did not run weighs exp2(-1e30 - max) = 0
         m_group = tl.max(m, axis=1)  # [BLOCK_T, 1]
         weight = tl.exp2(m - m_group[:, None, :])  # [BLOCK_T, BLOCK_S, 1]
-        m_run, l_run, out_run = _merge_partials(
+        m_run, l_run, out_run = merge_partials(
             m_run,
             l_run,
             out_run,
@@ -705,8 +710,7 @@ def _attend(
         raise ValueError(
             f"a {cache_rows.dtype} latent cache comes with its k_scale exactly when it is FP8"
         )
-    q_parts = q_parts if q_parts.stride(-1) == 1 else q_parts.contiguous()
-    q_rope = q_rope if q_rope.stride(-1) == 1 else q_rope.contiguous()
+    q_parts, q_rope = last_dim_contiguous(q_parts), last_dim_contiguous(q_rope)
     num_parts, num_tokens, heads, rank = q_parts.shape
     rope = q_rope.shape[2]
     device = q_parts.device
@@ -737,18 +741,10 @@ def _attend(
         num_splits > 1 or up is not None or invariant
     )  # (the mode: one normalisation, the merge's)
     if partials:
-        part_acc = torch.empty(
-            num_splits, num_tokens, heads, rank, dtype=torch.float32, device=device
-        )
-        part_max = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device)
-        part_sum = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device)
+        part_acc, part_max, part_sum = split_partials(num_splits, num_tokens, heads, rank, device)
     else:  # unused by the kernel
         part_acc = part_max = part_sum = out
-    if mask is None:
-        mask_arg, window, mask_strides = meta.seq_lens, 0, (0, 0)  # unused by the kernel
-    else:
-        mask_arg = (mask if mask.stride(-1) == 1 else mask.contiguous()).view(torch.uint8)
-        window, mask_strides = mask.shape[2], (mask_arg.stride(0), mask_arg.stride(1))
+    mask_arg, window, mask_strides = mask_args(meta)
     logical_rows = invariant and mask is not None  # a tree walked over each node's logical rows
     token_table = meta.token_table()
     flat_cache = cache_rows.view(-1, rank + rope)
@@ -773,7 +769,7 @@ def _attend(
         meta.query_lens,
         mask_arg,
         flat_cache if k_scale is None else k_scale,  # (unused without a scale)
-        scale * _LOG2E,
+        scale * LOG2E,
         num_tokens,
         window,
         q_parts.stride(0),

@@ -6,7 +6,7 @@ capturable in a CUDA graph: see triton_kernels.py for the kernels and their grid
 written quantized and read in place, its layer's scales folded into the kernels (attention/kv_quant.py). Training's
 dense causal attention is delegated to the torch backend. In batch-invariant mode
 (EngineConfig.batch_invariant) ``paged_attention`` runs the kernels' batch-invariant variant, which
-gives a row the same bits in a decode step and in a verify forward (triton_kernels.py says why).
+gives a row the same bits in a decode step and in a verify forward (invariant_attention.py says why).
 """
 
 from __future__ import annotations

@@ -64,9 +64,9 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention.kernel_parts import fp8_rows
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
-from outpace.attention.triton_kernels import fp8_rows
 from outpace.layers.fused_kernels import row_rstd
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.normed_rows import NormedRows

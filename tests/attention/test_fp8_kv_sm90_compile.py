@@ -19,7 +19,7 @@ from helpers.hopper_compile import run_compile_script  # noqa: E402
 
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
-from outpace.attention import mla_kernels as mk, triton_kernels as tk
+from outpace.attention import invariant_attention as ia, mla_kernels as mk, triton_kernels as tk
 from outpace.layers import mla_fused
 
 
@@ -48,8 +48,8 @@ for name, query_len, masked in (("decode", 1, False), ("tree+window", 6, True)):
                BLOCK_N_TAIL=cfg.block_n_tail, BLOCK_D=cfg.block_d, SPLIT_KV=True, HAS_MASK=masked,
                SLIDING=masked, PDL=False, PREFETCH_ROWS=0, LINES=1, LINE_ELEMS=128),
           name, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-cfg = tk.invariant_launch_config(8, 4, 128, 2, 6, 8192)
-build(tk._invariant_attention_kernel, attention,
+cfg = ia.invariant_launch_config(8, 4, 128, 2, 6, 8192)
+build(ia._invariant_attention_kernel, attention,
       dict(shape, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_D=cfg.block_d,
            BLOCK_W=16, SPLIT_ROWS=cfg.split_rows, HAS_MASK=True, SLIDING=False),
       "invariant tree", num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=False)

@@ -32,17 +32,13 @@ from outpace.attention import (
     uniform_paged_metadata,
 )
 from outpace.attention.context import forward_settings
+from outpace.attention.invariant_attention import invariant_launch_config
 from outpace.attention.layer import Attention
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.registry import get_backend
 from outpace.attention.torch_backend import TorchAttentionBackend
 from outpace.attention.triton_backend import TritonAttentionBackend
-from outpace.attention.triton_kernels import (
-    invariant_launch_config,
-    launch_config,
-    paged_attention,
-    write_kv,
-)
+from outpace.attention.triton_kernels import launch_config, paged_attention, write_kv
 
 # (cached rows, new tokens, tree window or None) per sequence
 LAYOUTS = {
@@ -315,13 +311,13 @@ def test_invariant_splits_give_their_bits_whichever_program_takes_them(
     """The variant's splits (S = 32: several a sequence, some past its rows) walked by one program a tile in
     turn, by three, or by one program each (``invariant_programs``): the same bits, the torch backend's
     function, and every partial the merge reads written (allocations are poisoned)."""
-    from outpace.attention import triton_kernels
+    from outpace.attention import invariant_attention
 
     case = layout_case(layout, SHAPES[0], 7 + list(LAYOUTS).index(layout))
     outs = []
     for programs in (1, 3, 1000):
         monkeypatch.setattr(
-            triton_kernels,
+            invariant_attention,
             "invariant_programs",
             lambda splits, tiles, device, p=programs: min(splits, p),
         )
@@ -570,7 +566,7 @@ def test_invariant_decode_and_verify_rows_match(batch_invariant_mode, shape, spl
 @pytest.mark.skipif(
     torch.cuda.is_available(),
     reason="float32 on the GPU is not bit-invariant under tree masks: "
-    "an H100 gave rows 1 ulp apart (see triton_kernels.py); bf16 is checked below",
+    "an H100 gave rows 1 ulp apart (see invariant_attention.py); bf16 is checked below",
 )
 # (splits of 32 rows have every boundary of 64's) Each shape with one split size, the other with the other
 # one in test_invariant_decode_and_verify_rows_match.

@@ -257,7 +257,7 @@ def _check_tree_nodes(
 
 @pytest.mark.skipif(
     torch.cuda.is_available(),
-    reason="float32 on the GPU: not established bit-invariant (attention/triton_kernels.py); "
+    reason="float32 on the GPU: not established bit-invariant (attention/invariant_attention.py); "
     "bf16 is checked below",
 )
 @pytest.mark.parametrize(

@@ -139,7 +139,7 @@ def test_invariant_decode_and_verify_rows_are_bit_equal(invariant_mode):
     """Row p = 150 (window 40: rows 111 .. 150, in splits 1 and 2 of 64-row splits, a multiple of the
     KV tile on the GPU too) decoded alone, inside a chain verify over 148 .. 153, and inside a tree
     verify whose mask shows it the same rows. bf16 on the GPU, where the mode's tree rows are
-    bit-exact in half precision only (triton_kernels.py)."""
+    bit-exact in half precision only (attention/invariant_attention.py)."""
     g = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if DEVICE == "cuda" else torch.float32
     heads, kv_heads, dim, block, p, window = 4, 2, 16, 8, 150, 40
