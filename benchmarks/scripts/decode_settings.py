@@ -19,6 +19,7 @@ from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
 from outpace.bench.profile import _recapture_decode
 from outpace.layers import (
+    expert_blocks,
     fused_projection,
     mamba2_step_kernel,
     mla_fused,
@@ -63,7 +64,7 @@ KNOBS = {
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
     "pairs_apart_max_tokens": (moe_kernels, "pairs_apart_max_tokens"),
-    "small_blocks_max_tokens": (moe_kernels, "small_blocks_max_tokens"),
+    "small_blocks_max_tokens": (expert_blocks, "small_blocks_max_tokens"),
     "few_token_gate_up": (moe_kernels, "few_token_gate_up"),
     "few_token_down": (moe_kernels, "few_token_down"),
 }
@@ -220,7 +221,7 @@ SWEEPS = {
             ("v3_fp8", "deepseek-v3-slice", "fp8"),
         ),
     ),
-    # the grouped experts' 16-row blocks up to 128 tokens rather than 64 (moe_kernels.small_blocks_max_tokens): at 96
+    # the grouped experts' 16-row blocks up to 128 tokens rather than 64 (expert_blocks.small_blocks_max_tokens): at 96
     # tokens Qwen3-Next's 960 routed pairs over 512 experts fill 64-row blocks with about 2 rows each, while V2-Lite's
     # two shared slots would read the shared MLP 6 times rather than twice
     **_on_shapes(

@@ -133,10 +133,10 @@ class RoutingModule(nn.Module):
     ) -> tuple:
         """x [n, hidden] -> (weights, ids); with ``layout`` (weights, ids, block layout or None): the routing
         kernel also writes the grouped-expert kernels' block layout of ids and ``num_shared`` shared slots
-        per token (layers/moe_kernels.py ``BlockLayout``), of every expert (True) or of an
+        per token (layers/expert_blocks.py ``BlockLayout``), of every expert (True) or of an
         ``ExpertPlacement``'s (its experts' slots, its experts as indices 0 .. count - 1: an expert-parallel
         rank's, layers/moe_routing_kernel.py docstring 4.); the torch path leaves it to
-        ``moe_kernels.align`` (None). The ids name every expert either way. Called as a module either way,
+        ``expert_blocks.align`` (None). The ids name every expert either way. Called as a module either way,
         so forward hooks see every routing. ``row_norm``: x is a stream times its norm's weight, the norm
         applied by the routing kernel (``RowNorm``; the kernels only)."""
         if not self.uses_kernel(x):

@@ -22,7 +22,7 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    ``token_route_warps`` warps a token (1 up to 256 experts, 8 past 64 tokens), all in parallel; up
    to 64 tokens a token's bits are then those it gets routed alone, whatever the batch. Beyond
    ``FUSED_LAYOUT_TOKENS`` (prefill) one program of 8 warps per block of tokens.
-3. The block layout of the grouped-expert kernels (layers/moe_kernels.py ``BlockLayout``, shared-expert
+3. The block layout of the grouped-expert kernels (layers/expert_blocks.py ``BlockLayout``, shared-expert
    slots included) in the same launch, up to ``FUSED_LAYOUT_TOKENS`` tokens: each token's program sets its
    bit in the token mask of every expert it chose (integer atomic ORs: the same masks in any order; token
    t's bit is bit t % 64 of the mask's int64 word t // 64, so 65 to 128 tokens, a batch of 32 verifying 3
@@ -40,7 +40,7 @@ into L2 while the kernel before them drains, then wait for it; the route kernel 
    (decode at batch 1) needs none of it: its program writes the layout from the experts in its registers
    (``place_one_token``: each chosen expert one block), no mask, ticket or read back, where the masks and
    the ticket are a chain of round trips through L2. Beyond ``FUSED_LAYOUT_TOKENS`` (prefill) the layout is
-   ``moe_kernels.align``'s own launch. (At 64 tokens this launch routed and laid out Qwen3-Next's 512 experts
+   ``expert_blocks.align``'s own launch. (At 64 tokens this launch routed and laid out Qwen3-Next's 512 experts
    in 8.5 us on an H200, at 65, then past the bound of one word, the block route and align took 57.6:
    benchmarks/scripts/routing_timings.py, gpu_2026-12-04d call 5. The bound is 128 since; those counts were
    not timed yet.)
@@ -93,7 +93,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.moe_kernels import (
+from outpace.layers.expert_blocks import (
     BlockLayout,
     align,
     place_one_token,
@@ -110,7 +110,9 @@ if TYPE_CHECKING:
 # (module docstring 2. and 3.); at most 64 * MAX_MASK_WORDS, the bits of an expert's token mask
 FUSED_LAYOUT_TOKENS = 128
 MAX_MASK_WORDS = 2  # int64 words of an expert's token mask
-_PAIR_BLOCK = 1024  # pairs the last program places a step (moe_kernels.place_pairs_by_token_masks)
+_PAIR_BLOCK = (
+    1024  # pairs the last program places a step (expert_blocks.place_pairs_by_token_masks)
+)
 # programs the logits matvec aims for up to 64 tokens (two waves of an H200's 132 SMs)
 _LOGIT_PROGRAMS = 264
 # ... and past 64 tokens (a batch's verify, a prefill chunk). The token tiles are counted over the count's power of

@@ -1,7 +1,7 @@
 """Rows that route to no expert: within ``routed_rows(mask)``, a forward over ``len(mask)`` rows routes only the
 rows where ``mask`` is true, on the routing kernel (layers/moe_routing_kernel.py ``select_experts``); the others'
 routed slots land in no block of the grouped experts, which skip them as they skip another expert-parallel
-rank's (layers/moe_kernels.py ``BlockLayout.skips``): their experts are not read for them, and their routed
+rank's (layers/expert_blocks.py ``BlockLayout.skips``): their experts are not read for them, and their routed
 output is zero. For rows whose output nothing reads: an MTP draft's window is ``HOLD_ROWS`` rows wider than a
 drafting step fills (speculative/drafters/mtp.py), and in a mixture's MTP layer (DeepSeek-V3's, Qwen3-Next's)
 its padding rows chose experts of their own, up to twice the live rows' (12 rows, at most 4 live after a

@@ -22,8 +22,8 @@ import torch
 pytest.importorskip("triton")
 
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
+from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.moe import RoutedExperts, shared_expert_stacks  # noqa: E402
-from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.model_config import ModelConfig  # noqa: E402
 from outpace.models.gemma4 import Gemma4Experts, Gemma4Moe, Gemma4Router  # noqa: E402
 from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE  # noqa: E402

@@ -26,6 +26,7 @@ pytest.importorskip("triton")
 
 from outpace.layers.activation import ACTIVATIONS  # noqa: E402
 from outpace.layers.decoder import GatedMLP, pack_projections  # noqa: E402
+from outpace.layers.expert_blocks import _align_kernel, align, block_rows, max_blocks  # noqa: E402
 from outpace.layers.linear import project  # noqa: E402
 from outpace.layers.moe import (  # noqa: E402
     ExpertActivation,
@@ -35,13 +36,7 @@ from outpace.layers.moe import (  # noqa: E402
     run_experts,
     shared_expert_stacks,
 )
-from outpace.layers.moe_kernels import (  # noqa: E402
-    _align_kernel,
-    align,
-    block_rows,
-    grouped_experts,
-    max_blocks,
-)
+from outpace.layers.moe_kernels import grouped_experts  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -17,8 +17,8 @@ pytest.importorskip("triton")
 
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
 from outpace.layers import moe_routing_kernel  # noqa: E402
+from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.moe import ExpertPlacement, Router, Routing  # noqa: E402
-from outpace.layers.moe_kernels import align  # noqa: E402
 from outpace.layers.moe_routing_kernel import (  # noqa: E402
     FUSED_LAYOUT_TOKENS,
     layout_scratch,
@@ -95,11 +95,11 @@ def test_routing_writes_the_block_layout_of_its_ids(n, num_shared):
 
 
 def test_small_blocks_past_64_tokens_lay_out_as_align(monkeypatch):
-    """With 16-row blocks up to 128 tokens (moe_kernels.small_blocks_max_tokens, a setting the decode step
+    """With 16-row blocks up to 128 tokens (expert_blocks.small_blocks_max_tokens, a setting the decode step
     measures) 70 tokens' layout is still align's, in blocks of 16."""
-    from outpace.layers import moe_kernels
+    from outpace.layers import expert_blocks
 
-    monkeypatch.setattr(moe_kernels, "small_blocks_max_tokens", 128)
+    monkeypatch.setattr(expert_blocks, "small_blocks_max_tokens", 128)
     routing = ROUTINGS["v3-sigmoid-bias-top2-sum"]
     router = make_router(routing, hidden=33, seed=70)
     router.kernel = True

@@ -40,6 +40,7 @@ from outpace.layers.quant.moe_quant_kernels import (
     ExpertScales, fp8_block_grouped_experts, int4_group_grouped_experts
 )
 from outpace.layers import moe_kernels as mk, moe_routing_kernel as rk
+from outpace.layers.expert_blocks import BlockLayout
 
 def build(kernel, types, constants, num_warps=4, num_stages=2):
     compiled = compile_for_hopper(kernel, types, constants, num_warps, num_stages)
@@ -93,7 +94,7 @@ def step_flash(tokens=1, experts=2, hidden=4096, inter=1280):
     x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
     ids = torch.full((tokens, 8), -1, dtype=torch.int32)
     mk.grouped_experts(x, torch.empty(tokens, 8), ids, fp8(experts, inter, hidden), fp8(experts, inter, hidden),
-                       fp8(experts, hidden, inter), layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"),
+                       fp8(experts, hidden, inter), layout=BlockLayout.empty(tokens, 8, experts, "cpu"),
                        skipped_slots=True, quant=quant)
 
 def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
@@ -106,7 +107,7 @@ def deepseek_v2_lite(tokens=1, experts=8, hidden=2048, inter=1408):
     ids = torch.zeros(tokens, 6, dtype=torch.int32)
     fp8_block_grouped_experts(x, torch.empty(tokens, 6), ids, fp8(experts, 2 * inter, hidden),
                               scales(experts, 22, 16), fp8(experts, hidden, inter), scales(experts, 16, 11),
-                              layout=mk.BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
+                              layout=BlockLayout.empty(tokens, 8, experts + 2, "cpu"), shared=shared)
 
 APART = mk.pairs_apart_max_tokens  # (by format, at most: each pair a program row of its own, PAIRS APART)
 for (name, run), tokens in itertools.product(
@@ -132,7 +133,7 @@ def bf16_stacks(tokens, experts=8, hidden=2048, inter=768):
     ids = torch.zeros(tokens, 8, dtype=torch.int32)
     mk.grouped_experts(x, torch.empty(tokens, 8), ids, packed[:, :inter], packed[:, inter:],
                        torch.empty(experts, hidden, inter, dtype=torch.bfloat16),
-                       layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"))
+                       layout=BlockLayout.empty(tokens, 8, experts, "cpu"))
 
 for tokens in (1, 8):  # the 16-row tiles on the tensor cores, weights streamed through cp.async, no spills
     launches = launched(lambda: bf16_stacks(tokens))
@@ -152,7 +153,7 @@ def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
         torch.empty(experts, 2 * inter, hidden // group, dtype=torch.bfloat16),
         torch.empty(experts, hidden, inter // 8, dtype=torch.int32),
         torch.empty(experts, hidden, inter // group, dtype=torch.bfloat16),
-        group, layout=mk.BlockLayout.empty(tokens, 8, experts, "cpu"))
+        group, layout=BlockLayout.empty(tokens, 8, experts, "cpu"))
 
 for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
     launches = launched(lambda: kimi_k2_int4(tokens))
@@ -186,7 +187,7 @@ v2_lite_route = dict(SPLITS=8, NUM_EXPERTS=64, TOP_K=6, SOFTMAX=True, BIAS=False
       BLOCK_SHARED=2, SORT_BLOCK_E=128, BLOCK_M=16, PAIR_BLOCK=8, MASK_WORDS=1, PDL=True, ONE_TOKEN=False,
       SORTED_TOP_K=False)
 build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=False), 1, 2)
-# a decode step of one token: the layout from its program's registers (moe_kernels.place_one_token)
+# a decode step of one token: the layout from its program's registers (expert_blocks.place_one_token)
 build(rk._route_kernel, route, dict(v2_lite_route, EXPERT_RANGE=False, LIVE=False, ONE_TOKEN=True), 1, 2)
 # an MTP draft window's padding rows routed nowhere (layers/routed_rows.py: the local ids' layout)
 build(rk._route_kernel, {**route, "live_ptr": "*i1"}, dict(v2_lite_route, EXPERT_RANGE=True, LIVE=True), 1, 2)

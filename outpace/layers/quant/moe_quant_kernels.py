@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from outpace.layers.moe_kernels import BlockLayout, Tiles, grouped_experts
+from outpace.layers.expert_blocks import BlockLayout
+from outpace.layers.moe_kernels import Tiles, grouped_experts
 from outpace.layers.normed_rows import NormedRows
 from outpace.layers.quant.quant_matmul_kernel import INT4_PACK
 
