@@ -1,6 +1,6 @@
 """What one MoE layer's routing costs on the GPU, launch by launch: the router matvec (``router_logits``) and
 the route kernel (``select_experts``, with the block layout as the decode path asks for it) at the routings
-of the seed families' public shapes (layers/moe.py ``Routing``, values from bench/family_shapes.py), at 1, 2,
+of the seed families' public shapes (layers/router.py ``Routing``, values from bench/family_shapes.py), at 1, 2,
 8, 32, 64, 96 and 128 tokens (decode batches and verify widths: a program per token, the last writing the layout;
 past 64 from the token masks' two words) and at 129 (beyond FUSED_LAYOUT_TOKENS: a program per block of tokens,
 then ``align``'s launch, timed with it),
@@ -23,8 +23,8 @@ import torch
 
 from outpace.bench.graph_timing import graph_call_us
 from outpace.layers import moe_routing_kernel as kernels
-from outpace.layers.moe import Routing
 from outpace.layers.moe_kernels import align
+from outpace.layers.router import Routing
 
 CALLS = 50
 WARPS = (1, 2, 4, 8)

@@ -38,7 +38,8 @@ from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.attention.registry import get_backend
 from outpace.bench.oracle import ORACLE_ACCEPTANCE, best_draft_count, expected_tokens
 from outpace.engine.cuda_graphs import CapturedCall
-from outpace.layers.moe import MoE, Router, run_experts, shared_expert_stacks
+from outpace.layers.moe import MoE, run_experts, shared_expert_stacks
+from outpace.layers.router import Router
 
 V2_LITE = dict(
     architectures=["DeepseekV2ForCausalLM"],
@@ -330,7 +331,7 @@ def moe_sweep(layers: int = 26, tokens: tuple[int, ...] = EXPERT_TOKENS) -> list
     token count, printed (``python -c "from outpace.bench.deepseek_shape import moe_sweep; moe_sweep()"``)."""
     from outpace.bench.gpu import copy_bandwidth
     from outpace.layers.decoder import GatedMLP
-    from outpace.layers.moe import Routing
+    from outpace.layers.router import Routing
 
     c = V2_LITE
     routing = Routing(c["n_routed_experts"], c["num_experts_per_tok"], c["scoring_func"])

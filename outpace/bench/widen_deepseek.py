@@ -243,7 +243,7 @@ class DeepseekWidening:
             src = torch.tensor([e for e in range(e_s) for _ in self.layout.copies[e]])
             dst = torch.tensor([x for e in range(e_s) for x in self.layout.copies[e]])
             rows = Axis(dst, b.experts, src)
-            if rest == "mlp.gate.weight":  # the router stays float32 (layers/moe.py Router)
+            if rest == "mlp.gate.weight":  # the router stays float32 (layers/router.py Router)
                 p.put(out, name, [rows, H], inv_s, dtype=torch.float32)
             else:
                 if p.small[name].abs().max() >= 1:

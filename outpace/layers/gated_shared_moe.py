@@ -21,8 +21,6 @@ from outpace.layers.moe import (
     FusedShared,
     ReadyStream,
     RoutedExperts,
-    Router,
-    Routing,
     RowNorm,
     expert_modules,
     experts_and_beside,
@@ -30,6 +28,7 @@ from outpace.layers.moe import (
     takes_normed_rows,
 )
 from outpace.layers.recurrent import rows_alone
+from outpace.layers.router import Router, Routing
 
 
 class RouterWithSharedGate(Router):

@@ -1,4 +1,4 @@
-"""A mixture's routing in Triton (layers/moe.py ``Router`` on CUDA): two launches per layer, no host
+"""A mixture's routing in Triton (layers/router.py ``Router`` on CUDA): two launches per layer, no host
 synchronisation, every grid fixed by the shapes (capturable in a CUDA graph at every verify width). Both use
 programmatic dependent launch on Hopper (layers/pdl.py): the logits' programs bring their router weight rows
 into L2 while the kernel before them drains, then wait for it; the route kernel waits before anything.
@@ -767,7 +767,7 @@ def select_experts(
     row_norm: RowNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, BlockLayout | None]:
     """partial logits [splits, n, experts] float32 (``router_logits``, or the logits as [1, n, experts]);
-    bias [experts] float32 or None; routing a layers/moe.py ``Routing`` -> (weights [n, top_k] float32,
+    bias [experts] float32 or None; routing a layers/router.py ``Routing`` -> (weights [n, top_k] float32,
     ids [n, top_k] int64, with ``layout`` the block layout of ids and ``num_shared`` shared slots per
     token (layers/moe_kernels.py), else None). ``layout`` an ``ExpertPlacement`` (layers/moe.py): the
     layout of its experts only (module docstring 4.; of every expert where it holds them all). With

@@ -45,9 +45,10 @@ from outpace.layers import fused_decoder
 from outpace.layers.decoder import GatedMLP, pre_norm_residual, residual_stream
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.mla import MLAShape, MultiHeadLatentAttention
-from outpace.layers.moe import MoE, Routing, stacked_experts, takes_normed_rows
+from outpace.layers.moe import MoE, stacked_experts, takes_normed_rows
 from outpace.layers.norm import RMSNorm
 from outpace.layers.rotary import RotaryEmbedding, yarn_mscale
+from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE

@@ -57,14 +57,13 @@ from outpace.layers.linear import linear
 from outpace.layers.moe import (
     ExpertActivation,
     RoutedExperts,
-    Routing,
-    RoutingModule,
     expert_rows_group,
     experts_and_dense_on_kernels,
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.layers.router import Routing, RoutingModule
 from outpace.model_config import ModelConfig
 from outpace.models.gemma import (
     GemmaForCausalLMBase,
@@ -279,7 +278,7 @@ class Gemma4Router(RoutingModule):
     """transformers Gemma4TextRouter: x [n, hidden] -> (weights [n, top_k] float32, expert ids [n, top_k]):
     softmax over the experts of proj(norm(x) * scale / sqrt(hidden)) (norm: RMSNorm without a weight), the
     top_k renormalised to sum to 1, each times its expert's per_expert_scale. On CUDA without autograd the
-    routing kernels (layers/moe.py ``RoutingModule``) with the norm, ``scale`` and 1 / sqrt(hidden) folded
+    routing kernels (layers/router.py ``RoutingModule``) with the norm, ``scale`` and 1 / sqrt(hidden) folded
     into the logits (layers/moe_routing_kernel.py ``RouterInputNorm``: the norm is one number a token) and
     per_expert_scale applied to the weights they select (``expert_scale``)."""
 

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from torch import nn
 
 from outpace.layers.decoder import GatedMLP
-from outpace.layers.moe import MoE, Routing
+from outpace.layers.moe import MoE
+from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
 from outpace.models.mistral import MistralForCausalLM

@@ -64,13 +64,12 @@ from outpace.layers.moe import (
     ExpertActivation,
     FusedShared,
     RoutedExperts,
-    Router,
-    Routing,
     expert_modules,
     experts_on_kernels,
     moe_on_kernels,
 )
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.router import Router, Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.nemotron_h_mtp import NemotronHMTP

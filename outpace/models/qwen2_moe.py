@@ -14,7 +14,7 @@ from collections.abc import Callable
 from torch import nn
 
 from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
-from outpace.layers.moe import Routing
+from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import windows_of_layer_types
 from outpace.models.mixture_stack import (

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from outpace.layers.decoder import GatedMLP
-from outpace.layers.moe import MoE, Routing, stacked_experts
+from outpace.layers.moe import MoE, stacked_experts
+from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import empty_if_all_full
 from outpace.models.mixture_stack import (

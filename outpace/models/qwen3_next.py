@@ -79,12 +79,10 @@ from outpace.layers.fused_sandwich import attend_fused_qkv_gate
 from outpace.layers.gated_deltanet import GatedDeltaNet
 from outpace.layers.gated_shared_moe import SparseMoeWithSharedExpert
 from outpace.layers.linear import column_parallel, row_parallel
-from outpace.layers.moe import (
-    Routing,
-)
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.quant.linear import is_quantized
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count

@@ -86,8 +86,6 @@ from outpace.layers.moe import (
     ExpertActivation,
     ReadyStream,
     RoutedExperts,
-    Router,
-    Routing,
     RowNorm,
     expert_rows_group,
     moe_on_kernels,
@@ -96,6 +94,7 @@ from outpace.layers.moe import (
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.rotary import RotaryEmbedding
+from outpace.layers.router import Router, Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.mtp import MTPBlock

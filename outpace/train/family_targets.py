@@ -44,8 +44,8 @@ from tokenizers import Tokenizer
 
 from outpace.checkpoint import save_checkpoint
 from outpace.layers.gated_deltanet import GatedDeltaNet
-from outpace.layers.moe import Router
 from outpace.layers.norm import Float32RMSNorm
+from outpace.layers.router import Router
 from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
 from outpace.train.chunked_delta_rule import chunked_delta_rule_in_training

@@ -28,7 +28,7 @@ from outpace.bench.widen_families import Stream, gqa_heads
 from outpace.bench.widen_gemma import GEMMA_TINY, GEMMA_TINY_DRAFT, widen_gemma_zoo
 from outpace.bench.widen_hybrid import QWEN35_TINY, QWEN35_TINY_DRAFT, eps_factor, widen_hybrid_zoo
 from outpace.config import SpeculativeConfig
-from outpace.layers.moe import Router, Routing
+from outpace.layers.router import Router, Routing
 from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.models.loader import load_model
 

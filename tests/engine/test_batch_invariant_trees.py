@@ -4,7 +4,7 @@ Triton backend: the MLA kernel's invariant variant walks each tree node over its
 attention/mla_kernels.py). On the CPU in float32 (the chain on the torch backend, the trees' kernels in Triton's
 interpreter); on a GPU in bf16 too (skipped without CUDA), through the mode's MoE kernels and the absorbed
 per-head products in one launch (layers/skinny_gemm.py ``skinny_linear_heads``). Before the router's logits went
-through the mode's projection (layers/moe.py ``Router.reference``), a verify row's logits differed from
+through the mode's projection (layers/router.py ``Router.reference``), a verify row's logits differed from
 decoding's in the last bits on the CPU."""
 
 import os

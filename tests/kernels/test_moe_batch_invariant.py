@@ -12,7 +12,6 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention.context import forward_settings  # noqa: E402
-from outpace.layers.moe import Routing  # noqa: E402
 from outpace.layers.moe_kernels import (  # noqa: E402
     _tiles,
     block_rows,
@@ -25,6 +24,7 @@ from outpace.layers.moe_routing_kernel import (  # noqa: E402
     select_experts,
     token_route_warps,
 )
+from outpace.layers.router import Routing  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32

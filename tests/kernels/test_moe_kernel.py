@@ -32,11 +32,11 @@ from outpace.layers.moe import (  # noqa: E402
     ExpertActivation,
     MoE,
     RoutedExperts,
-    Routing,
     run_experts,
     shared_expert_stacks,
 )
 from outpace.layers.moe_kernels import grouped_experts  # noqa: E402
+from outpace.layers.router import Routing  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from helpers.routing_checks import assert_same_routing, by_expert  # noqa: E402
 from outpace.layers import moe_routing_kernel  # noqa: E402
 from outpace.layers.expert_blocks import align  # noqa: E402
-from outpace.layers.moe import ExpertPlacement, Router, Routing  # noqa: E402
+from outpace.layers.moe import ExpertPlacement  # noqa: E402
 from outpace.layers.moe_routing_kernel import (  # noqa: E402
     FUSED_LAYOUT_TOKENS,
     layout_scratch,
@@ -26,6 +26,7 @@ from outpace.layers.moe_routing_kernel import (  # noqa: E402
     router_logits,
     select_experts,
 )
+from outpace.layers.router import Router, Routing  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

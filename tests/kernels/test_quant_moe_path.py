@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.layers.decoder import GatedMLP  # noqa: E402
-from outpace.layers.moe import FusedShared, MoE, Routing  # noqa: E402
+from outpace.layers.moe import FusedShared, MoE  # noqa: E402
 from outpace.layers.quant import dequantize as dq  # noqa: E402
 from outpace.layers.quant.linear import FORMATS, QuantizedLinear, quantized_like  # noqa: E402
 from outpace.layers.quant.scheme import (  # noqa: E402
@@ -28,6 +28,7 @@ from outpace.layers.quant.scheme import (  # noqa: E402
     INT4_GROUP,
     QuantScheme,
 )
+from outpace.layers.router import Routing  # noqa: E402
 from outpace.models.nemotron_h import NemotronHMoE  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

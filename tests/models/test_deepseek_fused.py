@@ -26,8 +26,9 @@ from helpers.quantized_checkpoints import (  # noqa: E402
 )
 from outpace.layers import fused_decoder  # noqa: E402
 from outpace.layers.mla import MultiHeadLatentAttention  # noqa: E402
-from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
+from outpace.layers.moe import RoutedExperts  # noqa: E402
 from outpace.layers.norm import RMSNorm  # noqa: E402
+from outpace.layers.router import RoutingModule  # noqa: E402
 from outpace.models.deepseek import DeepseekDecoderLayer  # noqa: E402
 
 if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)

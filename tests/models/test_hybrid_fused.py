@@ -27,8 +27,9 @@ from outpace.layers import deltanet_step_kernel, fused_decoder  # noqa: E402
 from outpace.layers.gated_deltanet import GatedDeltaNet  # noqa: E402
 from outpace.layers.linear import linear  # noqa: E402
 from outpace.layers.mamba2 import Mamba2Mixer  # noqa: E402
-from outpace.layers.moe import RoutedExperts, RoutingModule  # noqa: E402
+from outpace.layers.moe import RoutedExperts  # noqa: E402
 from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer  # noqa: E402
+from outpace.layers.router import RoutingModule  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
 
 if torch.cuda.is_available():  # (the interpreter runs the kernels on CPU tensors only)
