@@ -30,7 +30,7 @@ path; tests/kernels/test_mla_fused.py counts both on the GPU).
 Block FP8 checkpoints (DeepSeek-V3, Kimi-K2: layers/quant/): kernels 1 and 2 read q_a_proj (or q_proj),
 kv_a_proj_with_mqa and q_b_proj in their stored float8 bytes, each weight's format a compile-time fact, and
 dequantize a tile in registers to the rows' dtype, times its block's scale (the few-row FP8 projections'
-``weight_tile``, layers/quant/quant_matmul_kernel.py); a K step then spans at most ``fp8_scale_columns``
+``weight_tile``, layers/quant/weight_tiles.py); a K step then spans at most ``fp8_scale_columns``
 scale blocks' columns. W_UK and W_UV are ``up_weights``' (a quantized kv_b_proj dequantized once after
 loading, as the eager path reads it), and o_proj, called as a module, runs its own few-row FP8 kernel: the
 same five launches. Per-tensor FP8 checkpoints (Mistral Small 4's) are read the same way, each weight's one
@@ -72,7 +72,7 @@ from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.normed_rows import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.linear import Fp8Tensor, is_quantized
-from outpace.layers.quant.quant_matmul_kernel import scale_rows, weight_tile
+from outpace.layers.quant.weight_tiles import scale_rows, weight_tile
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 

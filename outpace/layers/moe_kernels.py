@@ -86,7 +86,7 @@ An expert two of the tokens chose is read twice (the second read mostly from L2:
 wave), a shared expert once a token.
 
 Quantized expert stacks (block FP8, INT4 groups) go through the same kernels: the constexpr FORMAT makes
-their weight loads ``weight_tile`` of layers/quant/quant_matmul_kernel.py, which dequantizes a tile in
+their weight loads ``weight_tile`` of layers/quant/weight_tiles.py, which dequantizes a tile in
 registers into x's dtype ("none": the plain load of half-precision stacks; ``_add_product``).
 layers/quant/moe_quant_kernels.py
 checks the quantized stacks and passes their scales (``quant``). A quantized shared MLP fuses as a
@@ -109,14 +109,8 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.expert_blocks import SMALL_BLOCK_M, BlockLayout, align, block_rows
 from outpace.layers.normed_rows import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
-from outpace.layers.quant.quant_matmul_kernel import (
-    one_row_max_k,
-    row_group,
-    row_sums,
-    row_times_tile,
-    scale_rows,
-    weight_tile,
-)
+from outpace.layers.quant.quant_matmul_kernel import one_row_max_k, row_group
+from outpace.layers.quant.weight_tiles import row_sums, row_times_tile, scale_rows, weight_tile
 from outpace.layers.sm_count import num_sms
 
 if TYPE_CHECKING:
@@ -416,7 +410,7 @@ def _gate_up_kernel(
     GROUP: tl.constexpr,  # ROWS 1: columns summed as one (quant_matmul_kernel.py ``row_times_tile``)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    K_TILED: tl.constexpr,  # the hidden size a multiple of BLOCK_K (quant_matmul_kernel.py ``weight_tile``)
+    K_TILED: tl.constexpr,  # the hidden size a multiple of BLOCK_K (quant/weight_tiles.py ``weight_tile``)
     PRECISION: tl.constexpr,
     ACT: tl.constexpr,
     GATED: tl.constexpr,

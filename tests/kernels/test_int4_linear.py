@@ -19,7 +19,7 @@ from outpace.layers.quant.dequantize import (  # noqa: E402
     quantize_int4_group,
 )
 from outpace.layers.quant.int4_linear_kernel import int4_group_linear  # noqa: E402
-from outpace.layers.quant.quant_matmul_kernel import weight_tile  # noqa: E402
+from outpace.layers.quant.weight_tiles import weight_tile  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -19,7 +19,7 @@ the few-token tiles (moe_kernels.few_token_gate_up, few_token_down) stream throu
 cores without spills. Over Kimi-K2-Thinking's INT4 stacks at one token each grouped kernel
 reads one row a block on the CUDA cores (no tensor cores, no conversion instruction), at two each pair apart
 (moe_kernels.py PAIRS APART) the same way; past ``pairs_apart_max_tokens`` it turns the nibbles
-into bf16 by PTX (lop3, bf16x2 fmas: quant_matmul_kernel.int4_tile_by_ptx) and streams its words and bf16 scales
+into bf16 by PTX (lop3, bf16x2 fmas: weight_tiles.int4_tile_by_ptx) and streams its words and bf16 scales
 through cp.async (K a whole number of K steps: no column mask), no bf16 load left for a K step to wait on."""
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
         torch.empty(experts, hidden, inter // group, dtype=torch.bfloat16),
         group, layout=BlockLayout.empty(tokens, 8, experts, "cpu"))
 
-for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles by PTX (quant_matmul_kernel.int4_tile_by_ptx: lop3 and bf16x2 fmas)
+for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles by PTX (weight_tiles.int4_tile_by_ptx: lop3 and bf16x2 fmas)
     launches = launched(lambda: kimi_k2_int4(tokens))
     for kernel in (mk._gate_up_kernel, mk._down_kernel):
         args, kwargs = launches[kernel.__name__]

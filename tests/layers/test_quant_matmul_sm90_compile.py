@@ -88,7 +88,7 @@ for rows in (1, 8):
     if rows == 1:  # one row on the CUDA cores: 16-byte loads, no tensor cores, no conversion instruction
         checks["tiles"] = kwargs["BM"] == 1
         checks["registers"] = "ld.global.v4" in ptx and "mma" not in ptx and "cvt.rn.f32.s32" not in ptx
-        # each nibble into float32 by one lop3 (and, or; quant_matmul_kernel._nibble_times), no and + or pair
+        # each nibble into float32 by one lop3 (and, or; weight_tiles._nibble_times), no and + or pair
         checks["one lop3 a nibble"] = "1258291200, 0xEA;" in ptx and ", 1258291200;" not in ptx
     else:
         checks["tiles"] = (kwargs["BN"], kwargs["BK"], kwargs["K_TILED"]) == (64, 128, True)

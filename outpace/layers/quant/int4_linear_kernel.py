@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from outpace.layers.quant.quant_matmul_kernel import INT4_PACK, quant_matmul
+from outpace.layers.quant.quant_matmul_kernel import quant_matmul
+from outpace.layers.quant.weight_tiles import INT4_PACK
 
 
 def int4_group_linear(

@@ -37,7 +37,7 @@ import torch
 from outpace.layers.expert_blocks import BlockLayout
 from outpace.layers.moe_kernels import Tiles, grouped_experts
 from outpace.layers.normed_rows import NormedRows
-from outpace.layers.quant.quant_matmul_kernel import INT4_PACK
+from outpace.layers.quant.weight_tiles import INT4_PACK
 
 if TYPE_CHECKING:
     from outpace.layers.quant.experts import QuantizedShared
