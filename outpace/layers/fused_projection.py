@@ -20,8 +20,9 @@ and a round trip of the activations each. Here one kernel does a projection and 
 - ``norm_project_swiglu``  silu(g) * u, [g | u] = RMSNorm(s) @ W_gate_up.T (``project_swiglu``: of x, no norm)
 - ``norm_project``         RMSNorm(s) @ W.T                (the LM head after the final norm; optionally
                            soft-capped, Gemma's final_logit_softcapping)
-- ``project_normed`` + ``add_normed``: a "sandwich" norm (Gemma: RMSNorm on a projection's output before
-                           the residual add), the new stream made ready for the norm after it
+- ``project_normed`` + ``add_normed`` (layers/normed_rows.py): a "sandwich" norm (Gemma: RMSNorm on a
+                           projection's output before the residual add), the new stream made ready for the
+                           norm after it
 
 Norm variants: an RMSNorm's scale is ``offset + w`` (offset 1.0: Gemma 3's (1 + w) norms; 0.0 by default),
 always applied in float32; the per-head q/k norms take an offset too, and v may be normalised without a

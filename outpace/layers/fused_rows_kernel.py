@@ -1,5 +1,6 @@
 """The few-row projection kernel of layers/fused_projection.py (its docstring says what each entry point
-folds in): one pass over a weight for up to 16 rows, with the epilogue that the projection's neighbours need.
+folds in): one pass over a weight for each tile of up to 16 rows (one tile outside batch-invariant mode), with
+the epilogue that the projection's neighbours need.
 
 Rows: tiles of 16 (``skinny_gemm.MAX_ROWS``), one a program on the grid's fast axis (axis 0), the programs that
 share outputs side by side so that their weight tiles come from L2. Outputs: each program owns a run of them,
