@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from outpace.attention import mla_kernels, triton_kernels
+from outpace.attention import kernel_parts, mla_kernels, triton_kernels
 from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
@@ -33,7 +33,7 @@ KNOBS = {
     "min_split_rows": (mla_kernels, "min_split_rows"),
     "prefetch_kv_rows": (triton_kernels, "prefetch_kv_rows"),
     "mla_prefetch_kv_rows": (mla_kernels, "prefetch_kv_rows"),
-    "attention_programs_per_sm": (triton_kernels, "_PROGRAMS_PER_SM"),
+    "attention_programs_per_sm": (kernel_parts, "programs_per_sm"),
     "half_block_n": (mla_kernels, "half_block_n"),
     "attention_warps": (mla_kernels, "attention_warps"),
     "combine_block_tokens": (mla_kernels, "combine_block_tokens"),
@@ -326,7 +326,7 @@ SWEEPS = {
 }
 # the few-row SwiGLU's (gate/up) sub-tiles, K step and stages (shipped: one sub-tile of 128 at BK 128 over 4 stages,
 # gpu_2026-12-02 call 19; the others: call 19's alternatives)
-# the paged attention's split-KV grid (attention/triton_kernels.py _PROGRAMS_PER_SM: programs an SM it aims for; 0:
+# the paged attention's split-KV grid (attention/kernel_parts.py programs_per_sm: programs an SM it aims for; 0:
 # one split, the output normalised in the attention launch, no merge launch): Llama-8B's 8 KV heads at batch 1 over
 # 512 cached rows take 8 splits of 64 rows and a merge of 2.4 us a layer (gpu_2026-12-01i call 1)
 SWEEPS["attention_splits_llama"] = Sweep(

@@ -77,6 +77,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention import kernel_parts
 from outpace.attention.backend import KVScales
 from outpace.attention.kernel_parts import (
     LOG2E,
@@ -104,9 +105,6 @@ _INVARIANT_BLOCK_M = 64  # batch-invariant variant: tile rows, whatever the quer
 # (benchmarks/scripts/batch_invariant_speed.py --split-rows, gpu_2026-11-30e call 1): a short context's few
 # splits were few programs.
 _INVARIANT_SPLIT_ROWS = 128
-# programs an SM the variant's splits aim for (``invariant_programs``), as the fast path's split-KV
-# (attention/triton_kernels.py _PROGRAMS_PER_SM)
-_PROGRAMS_PER_SM = 2
 
 
 @triton.jit
@@ -517,9 +515,13 @@ def _invariant_combine_kernel(
 
 def invariant_programs(num_splits: int, tiles: int, device: torch.device) -> int:
     """Programs a query tile of the batch-invariant variant spreads its splits over (the grid's last axis):
-    about ``_PROGRAMS_PER_SM`` programs an SM over ``tiles`` tiles, at most one a split. Which program takes a
-    split changes none of its bits (``_invariant_attention_kernel``), so this may follow the batch."""
-    return max(1, min(num_splits, math.ceil(_PROGRAMS_PER_SM * num_sms(device) / max(tiles, 1))))
+    about ``kernel_parts.programs_per_sm`` programs an SM over ``tiles`` tiles, at most one a split. Which
+    program takes a split changes none of its bits (``_invariant_attention_kernel``), so this may follow the
+    batch."""
+    return max(
+        1,
+        min(num_splits, math.ceil(kernel_parts.programs_per_sm * num_sms(device) / max(tiles, 1))),
+    )
 
 
 def invariant_launch_config(

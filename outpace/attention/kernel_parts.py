@@ -21,6 +21,13 @@ LOG2E = 1.4426950408889634
 FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
 LINE_BYTES = 128  # an L2 line
 MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
+# target grid size for split-KV, in programs per streaming multiprocessor, of the fast path (triton_kernels.py
+# ``launch_config``) and of the batch-invariant variant (``invariant_programs``); read at each launch. Fewer
+# splits lost in the Llama-3.1-8B shape's decode step (benchmarks/scripts/decode_settings.py
+# attention_splits_llama, gpu_2026-12-04g call 3, ms at batch 1 over 512 / 2048 cached rows, batch 8 over 512):
+# 2 (8 splits of 64 rows at batch 1 and 512) 4.049 / 4.121 / 4.280; 0.25 (4 splits) 4.098 / 4.459 / 4.573; 0 (one
+# split: no merge launch) 4.450 / 5.913 / 4.570.
+programs_per_sm = 2
 
 
 @triton.jit
@@ -339,7 +346,6 @@ def split_partials(
     """Each split's unnormalised partial for the combine: (acc [num_splits, num_tokens, heads, head_dim], running
     max and sum [num_splits, num_tokens, heads]), float32."""
     acc = torch.empty(num_splits, num_tokens, heads, head_dim, dtype=torch.float32, device=device)
-    stats = [
-        torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device) for _ in "ms"
-    ]
-    return acc, *stats
+    running_max = torch.empty(num_splits, num_tokens, heads, dtype=torch.float32, device=device)
+    running_sum = torch.empty_like(running_max)
+    return acc, running_max, running_sum

@@ -79,6 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
+from outpace.attention import kernel_parts
 from outpace.attention.backend import KVScales
 from outpace.attention.context import batch_invariant
 from outpace.attention.invariant_attention import invariant_paged_attention
@@ -107,11 +108,6 @@ from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 
-# target grid size for split-KV, in programs per streaming multiprocessor. Fewer splits lost in the Llama-3.1-8B
-# shape's decode step (benchmarks/scripts/decode_settings.py attention_splits_llama, gpu_2026-12-04g call 3, ms at
-# batch 1 over 512 / 2048 cached rows, batch 8 over 512): 2 (8 splits of 64 rows at batch 1 and 512) 4.049 / 4.121
-# / 4.280; 0.25 (4 splits) 4.098 / 4.459 / 4.573; 0 (one split: no merge launch) 4.450 / 5.913 / 4.570.
-_PROGRAMS_PER_SM = 2
 # With programmatic dependent launch, KV rows of its range a program asks into L2 before it waits on the kernel
 # before it (``cache_row_lines``; 0: none; MLA's kernel has its own, attention/mla_kernels.py). The cached rows do
 # not depend on that kernel, so their HBM reads can overlap its drain, and the first KV tile's loads after the wait
@@ -740,8 +736,8 @@ def launch_config(
     to fit the registers without spilling for bf16/fp16 head_dim <= 256 and fp32 head_dim <= 128.
 
     Without ``num_splits``, the KV is split only when (seq, kv_head, query tile) programs alone
-    would leave SMs idle: into enough splits to reach ~_PROGRAMS_PER_SM programs per SM, at most one
-    per BLOCK_N rows of capacity.
+    would leave SMs idle: into enough splits to reach ~``kernel_parts.programs_per_sm`` programs per SM, at
+    most one per BLOCK_N rows of capacity.
     """
     if group > MAX_BLOCK_M:
         raise ValueError(f"{group} q heads per kv head exceed a {MAX_BLOCK_M}-row tile")
@@ -764,7 +760,7 @@ def launch_config(
     num_q_tiles = math.ceil(max_query_len / block_q)
     if num_splits is None:
         programs = num_seqs * kv_heads * num_q_tiles
-        target = _PROGRAMS_PER_SM * num_sms
+        target = kernel_parts.programs_per_sm * num_sms
         num_splits = (
             1
             if programs >= target
