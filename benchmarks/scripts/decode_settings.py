@@ -104,7 +104,7 @@ SWEEPS = {
         ),
     ),
     # without a q_lora_rank (q_proj streamed by the down kernel beside kv_a): outputs a program, K steps, and
-    # W_UK's columns an _absorb_kernel program
+    # W_UK's columns an absorb_kernel program (layers/mla_fused_kernels.py)
     "mla_down": Sweep(
         "deepseek-v2-lite",
         ((1, 512), (8, 512)),

@@ -20,7 +20,7 @@ from helpers.hopper_compile import run_compile_script  # noqa: E402
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
 from outpace.attention import invariant_attention as ia, mla_kernels as mk, triton_kernels as tk
-from outpace.layers import mla_fused
+from outpace.layers import mla_fused_kernels
 
 
 def build(kernel, pointers, constants, name, **options):
@@ -69,14 +69,14 @@ for name, heads, block_m, logical, warps, options in (
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}
 fused.update({n: "*fp32" for n in ("sq_ptr", "kv_raw_ptr", "cos_ptr", "sin_ptr", "k_scale_ptr")})
-build(mla_fused._q_absorb_kernel,
+build(mla_fused_kernels.q_absorb_kernel,
       dict(fused, cache_ptr=fp8, slot_ptr="*i64", pos_ptr="*i64", eps="fp32", kv_eps="fp32"),
       dict(HEADS=64, NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32, BLOCK_NC=64,
            BLOCK_HP=32, BLOCK_KP=32, BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128,
            INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT="none", SCALE_BN=1,
            SCALE_BK=1),
       "fused mla q/kv (kimi-k2)", num_warps=4, num_stages=3)
-build(mla_fused._absorb_kernel,
+build(mla_fused_kernels.absorb_kernel,
       dict(fused, q_ptr="*fp32", q_latent_ptr="*bf16", cache_ptr=fp8, slot_ptr="*i64", pos_ptr="*i64",
            kv_eps="fp32"),
       dict(HEADS=16, NOPE=128, P=64, R=512, R_PARTS=8, R_CHUNK=64, PREFETCH_LINES=1, BLOCK_NOPE=128,

@@ -129,7 +129,7 @@ CASES = [
     ]
 ]
 # SMs that give three heads of nope 6 and rope 8 these query-latent parts (q_pe parts: 1, 2, 4), with a
-# q_lora_rank; without one, the W_UK columns a program of ``_absorb_kernel`` takes (R 36: 1, 2, 3 programs a
+# q_lora_rank; without one, the W_UK columns a program of ``absorb_kernel`` takes (R 36: 1, 2, 3 programs a
 # head) when it may take as few as 16
 SMS_FOR_PARTS = {1: 1, 2: 6, 4: 12}
 R_CHUNKS = {1: 64, 2: 32, 4: 16}
@@ -466,7 +466,7 @@ def test_the_input_norm_folds_into_block_fp8_down_projections(q_lora_rank, fused
 # (run after helpers/hopper_compile.py's preamble: compile_for_hopper, ptxas_report)
 SM90_COMPILE = """
 from outpace.attention import mla_kernels
-from outpace.layers import mla_fused
+from outpace.layers import mla_fused_kernels
 
 bf16 = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wkv_ptr", "w_uk_ptr", "q_norm_ptr", "kv_norm_ptr",
         "cache_ptr", "q_parts_ptr", "q_pe_ptr", "up_ptr", "out_ptr")}
@@ -484,19 +484,19 @@ for q_format, kv_format in [("none", "none"), ("fp8_block", "fp8_block"), ("fp8_
     for q_normed in (True, False):  # (Kimi-K2's q_a_proj, 16 outputs a program; DeepSeek-V2-Lite's q_proj, 32)
         q_out = {"q_out_ptr": "*bf16" if q_normed else "*fp32"}
         for row_norm in (False, True):  # (x normalised; a fused stack's stream times the norm's weight)
-            compile_for_hopper(mla_fused._down_kernel, {**down_types, **q_out}, dict(BM=16,
+            compile_for_hopper(mla_fused_kernels.down_kernel, {**down_types, **q_out}, dict(BM=16,
                                BN=16 if q_normed else 32,
                                BK=bk, PRECISION="tf32", PDL=True, PREFETCH_K=512, Q_FORMAT=q_format,
                                KV_FORMAT=kv_format, Q_NORMED=q_normed, ROW_NORM=row_norm, BLOCK_P=2,
                                **scales), 4, 4)
 for q_format in ("none", "fp8_block"):
-    compile_for_hopper(mla_fused._q_absorb_kernel, {**types, "wq_ptr": fp8[q_format]}, dict(HEADS=64,
+    compile_for_hopper(mla_fused_kernels.q_absorb_kernel, {**types, "wq_ptr": fp8[q_format]}, dict(HEADS=64,
                        NOPE=128, P=64, R=512, Q_PARTS=2, NOPE_CHUNK=64, PE_PARTS=1, PE_CHUNK=32,
                        BLOCK_NC=64, BLOCK_HP=32, BLOCK_KP=32,
                        BLOCK_R=512, BLOCK_SQ=128, BR=128, BM=16, BK=128 if q_format == "none" else 256,
                        INTERLEAVED=True, PRECISION="tf32", PDL=True, PREFETCH_K=512,
                        Q_FORMAT=q_format, **scales), 4, 3)
-compile_for_hopper(mla_fused._absorb_kernel, {**types, "q_ptr": "*fp32", "q_latent_ptr": "*bf16"},
+compile_for_hopper(mla_fused_kernels.absorb_kernel, {**types, "q_ptr": "*fp32", "q_latent_ptr": "*bf16"},
                    dict(HEADS=16, NOPE=128, P=64, R=512, R_PARTS=8, R_CHUNK=64, PREFETCH_LINES=1,
                         BLOCK_NOPE=128, BLOCK_HP=32, BLOCK_R=512, BR=64, BM=16, INTERLEAVED=True,
                         PRECISION="tf32", PDL=True), 4, 1)
