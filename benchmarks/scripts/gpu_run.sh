@@ -154,7 +154,7 @@ elif [ "$stage" = ablation ]; then
 elif [ "$stage" = closed_loop ]; then
   # one replica's steps under a server's load (benchmarks/scripts/diag_closed_loop.py) on the zoo widened to 8B, plain and
   # adaptive EAGLE3, with equal and with spread output lengths
-  python3 -c "from pathlib import Path; from outpace.bench.multi_gpu import Plan, widened_zoo; \
+  python3 -c "from pathlib import Path; from outpace.bench.multi_gpu_plan import Plan, widened_zoo; \
 widened_zoo(Plan(), Path('.e2e_models'))" 2>&1 | grep -v "tensor/s\]"
   for spread in 0 0.5; do
     for m in none eagle3; do

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from outpace.bench.dp_serve import dp_throughput  # noqa: E402
-from outpace.bench.multi_gpu import Plan, widened_zoo  # noqa: E402
+from outpace.bench.multi_gpu_plan import Plan, widened_zoo  # noqa: E402
 
 
 def main(out: Path) -> None:

@@ -216,7 +216,7 @@ def run(a: argparse.Namespace) -> None:
 
 def multi_plan(a: argparse.Namespace):
     """``bench multi``'s Plan: its defaults, with the budget and data-parallel levels the command line gives."""
-    from outpace.bench.multi_gpu import Plan
+    from outpace.bench.multi_gpu_plan import Plan
 
     fields = {
         k: v

@@ -12,7 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from outpace.bench.multi_gpu import ORACLE_LABEL, Case, Plan, compare, run_multi_gpu_bench
+from outpace.bench.multi_gpu import run_multi_gpu_bench
+from outpace.bench.multi_gpu_measures import compare
+from outpace.bench.multi_gpu_plan import Case, Plan
+from outpace.bench.oracle import ORACLE_LABEL
 from outpace.bench.random_checkpoint import random_target
 from outpace.cli import parse_args
 from outpace.cli.bench import multi_plan
@@ -268,7 +271,8 @@ def test_cli_and_part_names(tmp_path):
 def test_a_run_continues_an_earlier_one():
     """Items an earlier run into OUT finished are kept with their rows; its errors and skipped items are
     retried (the device's ten-minute commands: one bench as the same command repeated)."""
-    from outpace.bench.multi_gpu import Clock, Run, continued
+    from outpace.bench.multi_gpu import Run, continued
+    from outpace.bench.multi_gpu_plan import Clock
 
     earlier = {
         "parts": ["correctness"],
@@ -353,7 +357,7 @@ def test_the_seed_models_oracle_items_follow_the_plan(oracle):
     item under ORACLE acceptance only where the plan asks for it."""
     from types import SimpleNamespace
 
-    from outpace.bench.multi_gpu import Run
+    from outpace.bench.multi_gpu_seed import seed_items
 
     items = []
     run = SimpleNamespace(
@@ -361,7 +365,7 @@ def test_the_seed_models_oracle_items_follow_the_plan(oracle):
         group=SimpleNamespace(world=2),
         item=lambda name, seconds, fn: items.append(name),
     )
-    Run._seed_items(run, "ep: x", "EP = 2", "x", {}, {}, 10.0)
+    seed_items(run, "ep: x", "EP = 2", "x", {}, {}, 10.0)
     assert items == ["ep: x: all-reduces", "ep: x: plain EP = 2"] + (
         ["ep: x: MTP ORACLE EP = 2"] if oracle else []
     )

@@ -16,14 +16,10 @@ import torch
 from outpace import LLM
 from outpace.bench.family_shapes import QWEN3_NEXT_80B, family_shapes, shrink, with_mtp
 from outpace.bench.gpu import engine_8b
-from outpace.bench.multi_gpu import (
-    ORACLE_LABEL,
-    Plan,
-    decode_replays,
-    forget_timings,
-    kernels_by_launch,
-    run_multi_gpu_bench,
-)
+from outpace.bench.multi_gpu import forget_timings, run_multi_gpu_bench
+from outpace.bench.multi_gpu_measures import decode_replays, kernels_by_launch
+from outpace.bench.multi_gpu_plan import Plan
+from outpace.bench.oracle import ORACLE_LABEL
 
 TINY = dict(
     architectures=["LlamaForCausalLM"],

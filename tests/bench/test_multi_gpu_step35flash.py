@@ -15,13 +15,9 @@ from outpace import LLM
 from outpace.bench.families import QUANTIZATION_CONFIGS, step_budget
 from outpace.bench.family_shapes import STEP3P5_FLASH, shrink
 from outpace.bench.gpu import engine_8b
-from outpace.bench.multi_gpu import (
-    ORACLE_LABEL,
-    Plan,
-    fp8_split_refused,
-    run_multi_gpu_bench,
-    step35flash_fp8,
-)
+from outpace.bench.multi_gpu import run_multi_gpu_bench
+from outpace.bench.multi_gpu_plan import Plan, fp8_split_refused, step35flash_fp8
+from outpace.bench.oracle import ORACLE_LABEL
 from outpace.layers.quant.experts import QuantizedStackedWeight
 
 BLOCK = [8, 8]
