@@ -3,12 +3,12 @@
 
 ``build_app`` loads the engine (``AsyncEngine``: one thread owns it) and returns a FastAPI app;
 ``run_server`` serves it with uvicorn. A request goes: guard (bearer token, body size) -> parse
-and validate (400 naming the field; server/protocol.py) -> tokenize (worker thread) ->
-``LLMEngine.new_request`` checks -> admission (429 when the queue is full) -> a ``GenerationStream``,
-answered as one JSON body or as a stream of chunks (server/streaming.py, shapes in
-server/responses.py). The response runs while a watcher listens for the client's disconnect; on
-disconnect (or any other end) the stream's unfinished requests are aborted in the engine, which
-frees their KV blocks at once.
+and validate (400 naming the field; server/protocol.py) -> tokenize (worker thread) and build the
+engine's requests (server/request_inputs.py) -> ``LLMEngine.new_request`` checks -> admission (429
+when the queue is full) -> a ``GenerationStream``, answered as one JSON body or as a stream of chunks
+(server/streaming.py, shapes in server/responses.py). The response runs while a watcher listens for
+the client's disconnect; on disconnect (or any other end) the stream's unfinished requests are
+aborted in the engine, which frees their KV blocks at once.
 """
 
 from __future__ import annotations
@@ -31,25 +31,21 @@ from starlette.requests import ClientDisconnect
 
 from outpace import __version__
 from outpace.config import EngineConfig
-from outpace.sampling_params import SamplingParams
 from outpace.server.async_engine import EngineError, QueueFull
 from outpace.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from outpace.server.protocol import (
     APIError,
     ChatCompletionRequest,
-    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    _SamplingFields,
     bad_request,
-    conversation,
     parse_body,
 )
 from outpace.server.replicas import serving_engine
+from outpace.server.request_inputs import RequestInputs
 from outpace.server.responses import Job
 from outpace.server.streaming import GenerationResponse, json_producer, send_json, stream_producer
-from outpace.structured.grammar import ConstraintError
 from outpace.validation import ConfigError
 
 logger = logging.getLogger("outpace.server")
@@ -151,6 +147,7 @@ def build_app(
     engine = serving_engine(
         engine_config, metrics, log_interval, data_parallel_size, engine_process
     )
+    inputs = RequestInputs(engine, max_tokens_limit, max_choices)
     created = int(time.time())
 
     @asynccontextmanager
@@ -272,36 +269,17 @@ def build_app(
         check_model(body.model)
         return body
 
-    def tokenizer():
-        if engine.tokenizer is None:
-            raise bad_request("this model has no tokenizer: send token ids")
-        return engine.tokenizer
-
-    def chat_text(messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-        """The chat template applied to ``messages``."""
-        tok = engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise bad_request("this model has no chat template: use /v1/completions", "messages")
-        try:
-            return tok.apply_chat_template(
-                conversation(messages), tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        except APIError:
-            raise
-        except Exception as e:  # noqa: BLE001 - jinja raises for roles or shapes the template refuses
-            raise bad_request(f"the chat template refused the messages: {e}", "messages") from None
-
     # ---- vLLM's tokenizer endpoints ----------------------------------------------------------
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = await read(request, TokenizeRequest)
         body.check_supported()
-        tok = tokenizer()
+        tok = inputs.tokenizer()
 
         def run() -> list[int]:
             if body.prompt is not None:
                 return tok.encode(body.prompt, add_special_tokens=body.special_tokens)
-            text = chat_text(body.messages, body.add_generation_prompt)
+            text = inputs.chat_text(body.messages, body.add_generation_prompt)
             return tok.encode(text, add_special_tokens=body.special_tokens)
 
         ids = await asyncio.to_thread(run)
@@ -316,7 +294,7 @@ def build_app(
     @app.post("/detokenize")
     async def detokenize(request: Request):
         body = await read(request, DetokenizeRequest)
-        tok = tokenizer()
+        tok = inputs.tokenizer()
         bad = [t for t in body.tokens if t >= engine.vocab_size]
         if bad:
             raise bad_request(
@@ -325,133 +303,17 @@ def build_app(
         return {"prompt": await asyncio.to_thread(tok.decode, body.tokens)}
 
     # ---- generation ---------------------------------------------------------------------------
-    def tokenize_prompts(body: CompletionRequest) -> tuple[list[list[int]], list[str]]:
-        prompts = body.prompts()
-        if len(prompts) * body.sequences_per_prompt > max_choices:
-            raise bad_request(
-                f"{len(prompts)} prompts x {body.sequences_per_prompt} sequences (n, best_of) is "
-                f"more than the server's limit of {max_choices} choices per request",
-                "prompt",
-            )
-        ids, texts = [], []
-        for i, p in enumerate(prompts):
-            if isinstance(p, str):
-                if not p:
-                    what = "prompt" if len(prompts) == 1 else f"prompt {i}"
-                    raise bad_request(f"{what} is empty", "prompt")
-                if engine.tokenizer is None:
-                    raise bad_request(
-                        "this model has no tokenizer: send the prompt as token ids", "prompt"
-                    )
-                ids.append(engine.tokenizer.encode(p, add_special_tokens=body.add_special_tokens))
-                texts.append(p)
-            else:
-                if not p:
-                    raise bad_request(f"prompt {i} is empty", "prompt")
-                bad = [t for t in p if not 0 <= t < engine.vocab_size]
-                if bad:
-                    raise bad_request(
-                        f"prompt token ids {bad[:5]} are outside the vocabulary "
-                        f"[0, {engine.vocab_size})",
-                        "prompt",
-                    )
-                ids.append(p)
-                echoed = body.echo and engine.tokenizer is not None
-                texts.append(engine.tokenizer.decode(p) if echoed else "")
-        return ids, texts
-
-    def tokenize_chat(body: ChatCompletionRequest) -> tuple[list[list[int]], list[str]]:
-        text = chat_text(body.messages, body.add_generation_prompt)
-        return [engine.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)], [text]
-
-    def sampling_params(body: _SamplingFields, prompt_len: int, param: str) -> SamplingParams:
-        requested, name = body.requested_max_tokens()
-        room = engine.max_model_len - prompt_len
-        if room < 1:
-            raise bad_request(
-                f"the prompt has {prompt_len} tokens but the model's context holds "
-                f"{engine.max_model_len}: at most {engine.max_model_len - 1} prompt tokens leave "
-                "room to generate",
-                param,
-                "context_length_exceeded",
-            )
-        completion = isinstance(body, CompletionRequest)
-        if requested is None:
-            max_tokens = min(room, max_tokens_limit, 16 if completion else room)
-        elif requested == 0:  # echo alone: the engine makes one token, which the answer drops
-            max_tokens = 1
-        else:
-            if requested > max_tokens_limit:
-                raise bad_request(
-                    f"{name}={requested} is more than the server's limit of {max_tokens_limit}",
-                    name,
-                )
-            if requested > room:
-                raise bad_request(
-                    f"this model's maximum context length is {engine.max_model_len} tokens, but "
-                    f"{prompt_len + requested} were requested ({prompt_len} in the prompt, "
-                    f"{requested} for the completion): lower {name} or shorten the prompt",
-                    name,
-                    "context_length_exceeded",
-                )
-            max_tokens = requested
-        logprobs = body.wanted_logprobs()
-        if logprobs is None and body.sequences_per_prompt > body.n:
-            logprobs = 0  # best_of ranks by cumulative log-probability
-        try:
-            return SamplingParams(
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=body.top_k or 0,
-                min_p=body.min_p or 0.0,
-                max_tokens=max_tokens,
-                stop=tuple(body.stop),
-                stop_token_ids=tuple(body.stop_token_ids or ()),
-                seed=body.engine_seed,
-                ignore_eos=body.ignore_eos,
-                presence_penalty=body.presence_penalty or 0.0,
-                frequency_penalty=body.frequency_penalty or 0.0,
-                repetition_penalty=body.repetition_penalty or 1.0,
-                logit_bias=body.logit_bias_ids(),
-                logprobs=logprobs,
-                prompt_logprobs=body.prompt_logprobs if completion else None,
-                structured_outputs=body.constraint(),
-            )
-        except ConfigError as e:
-            field = str(e).split("=")[0].split(".")[-1]
-            raise bad_request(str(e).removeprefix("SamplingParams."), field) from None
-
-    def new_request(
-        body: _SamplingFields, ids: list[int], params: SamplingParams, request_id: str, param: str
-    ):
-        """The engine's checks of one request (a constraint that does not compile names its field)."""
-        try:
-            return engine.new_request(ids, params, request_id)
-        except ConstraintError as e:
-            where = body.constraint_param
-            raise bad_request(f"invalid {where}: {e.detail}", where) from None
-        except ValueError as e:
-            raise bad_request(str(e), param) from None
-
     async def generate(request: Request, chat: bool):
         body = await read(request, ChatCompletionRequest if chat else CompletionRequest)
         body.check_supported()
         if body.n > max_n:
             raise bad_request(f"n={body.n} is more than the server's limit of {max_n}", "n")
         prompt_ids, prompt_texts = await asyncio.to_thread(
-            tokenize_chat if chat else tokenize_prompts, body
+            inputs.tokenize_chat if chat else inputs.tokenize_prompts, body
         )
         param = "messages" if chat else "prompt"
         job = Job(chat, body, prompt_ids, prompt_texts, model_name, engine.tokenizer)
-        requests, per_prompt = [], body.sequences_per_prompt
-        for p, ids in enumerate(prompt_ids):
-            params = sampling_params(body, len(ids), param)
-            for c in range(per_prompt):
-                seeded = params
-                if params.seed is not None and c > 0:
-                    seeded = params.replace(seed=(params.seed + c) % 2**63)
-                request_id = f"{job.id}-{p * per_prompt + c}"
-                requests.append(new_request(body, ids, seeded, request_id, param))
+        requests = inputs.engine_requests(body, job.id, prompt_ids, param)
         try:
             stream = engine.open_stream(requests, max_queued_requests)
         except QueueFull as e:
