@@ -99,6 +99,7 @@ registers in the fp8 gate/up kernel's few-token tile, ptxas -v for sm_90a).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -743,6 +744,457 @@ def _combine_block(tokens: int, hidden: int, device: torch.device) -> int:
     return max(128, min(1024, triton.next_power_of_2(per_program)))
 
 
+@dataclass(frozen=True)
+class _ExpertSizes:
+    """The sizes a ``grouped_experts`` call runs over."""
+
+    tokens: int
+    hidden: int
+    inter: int  # weight columns of the down stack (INT4: its stored columns times the pack)
+    top_k: int
+    num_routed: int
+    num_shared: int
+
+    @property
+    def slots(self) -> int:
+        """A token's (token, slot) pairs: its top_k routed slots, then its shared ones."""
+        return self.top_k + self.num_shared
+
+    @property
+    def pairs(self) -> int:
+        """The (token, slot) pairs of all tokens: pair p = token * slots + slot."""
+        return self.tokens * self.slots
+
+
+def _expert_sizes(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    down: torch.Tensor,
+    shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None,
+    quant: ExpertScales | None,
+) -> _ExpertSizes:
+    """The sizes of ``grouped_experts``' arguments."""
+    tokens, hidden = x.shape
+    return _ExpertSizes(
+        tokens=tokens,
+        hidden=hidden,
+        inter=down.shape[2] * (quant.pack if quant else 1),
+        top_k=ids.shape[1],
+        num_routed=down.shape[0],
+        num_shared=0 if shared is None else shared[1].shape[0],
+    )
+
+
+def _refuse_bad_expert_inputs(
+    sizes: _ExpertSizes,
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate: torch.Tensor | None,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    activation: str,
+    limit: float | None,
+    shared: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor] | None,
+    quant: ExpertScales | None,
+    shared_input: torch.Tensor | None,
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None,
+    row_scale: torch.Tensor | None,
+) -> None:
+    """Raises ValueError for arguments ``grouped_experts`` does not compute (its docstring)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
+    if gate is None and limit is not None:
+        raise ValueError("the clamp limit applies to gated experts only")
+    shared_gate, shared_up, shared_down = shared or (gate, up, down)
+    if quant is not None and (shared is None) != (quant.shared is None):
+        raise ValueError("quantized shared experts come with their scales (ExpertScales.shared)")
+    if shared is not None and (
+        shared_up.shape[1:] != up.shape[1:]
+        or shared_down.shape[1:] != down.shape[1:]
+        or shared_up.dtype != up.dtype
+        or (shared_gate is None) != (gate is None)
+    ):
+        raise ValueError(
+            "shared experts fuse with routed ones of their own shape, dtype and gating"
+        )
+    for w in (gate, up, down, shared_gate, shared_up, shared_down, ids, weights):
+        assert w is None or w.stride(-1) == 1
+    top_k, slots, n = sizes.top_k, sizes.slots, sizes.tokens
+    if weights.shape[1] not in (top_k, slots):
+        raise ValueError(
+            f"weights of {weights.shape[1]} slots a token: the {top_k} routed ones, or all {slots}"
+        )
+    if row_scale is not None and (shared_input is not None or row_scale.shape != (n,)):
+        raise ValueError(f"a row scale of [{n}] tokens, for x and the shared slots alike")
+    if ready is not None and shared_input is not None:
+        raise ValueError(
+            "the experts' output comes apart from the shared slots' (shared_input): no stream"
+        )
+    added = () if ready is None else (("stream", ready[0]), ("addend", (*ready, None)[3]))
+    for name, t in added:
+        if t is not None and (t.shape != x.shape or t.dtype != x.dtype):
+            raise ValueError(
+                f"the {name} {tuple(t.shape)} {t.dtype} the experts' output is added to: "
+                f"{tuple(x.shape)} {x.dtype}, as their output"
+            )
+    if shared_input is not None and (
+        sizes.num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype
+    ):
+        raise ValueError(
+            f"shared_input {tuple(shared_input.shape)} {shared_input.dtype}: the rows of the shared "
+            f"slots, as x's {tuple(x.shape)} {x.dtype}, with shared experts to read them"
+        )
+
+
+@dataclass(frozen=True)
+class _KernelTiles:
+    """One expert kernel's tiling as launched: its tiles, K step, rows read a block and their grouping."""
+
+    block_n: int
+    block_k: int  # the tiles' K step as the scales allow it (``ExpertScales.block_k``)
+    warps: int
+    stages: int
+    rows: int  # ROWS: 1 (a block's one row on the CUDA cores) or BLOCK_M
+    group: int  # GROUP (quant_matmul_kernel.py ``row_group``)
+    k_tiled: bool  # K_TILED: the kernel's K (gate/up: hidden, down: inter) a multiple of block_k
+
+
+@dataclass(frozen=True)
+class _ExpertPlan:
+    """How ``grouped_experts``' kernels cover the (token, slot) pairs: program rows, format and tiles."""
+
+    sizes: _ExpertSizes
+    fmt: str  # "none" or the quantized format
+    scale_bn: int  # rows and columns one scale covers (1, 1 over half-precision stacks)
+    scale_bk: int
+    apart: bool  # a program row a pair (module docstring, PAIRS APART), no layout read
+    blocks: int  # program rows: the layout's blocks, or the pairs
+    block_m: int  # intermediate rows a program row: the layout's BLOCK_M, or 1
+    sorted_pairs: torch.Tensor  # the layout's (ids when apart: not read)
+    block_expert: torch.Tensor  # the layout's (ids when apart: not read)
+    gate_up: _KernelTiles
+    down: _KernelTiles
+    precision: str  # tl.dot's: "ieee" over float32 (Triton's interpreter, tests), else "tf32"
+    pdl: bool  # launched with programmatic dependent launch (layers/pdl.py)
+
+
+def _choose_tiles(
+    tokens: int, fmt: str, fp32: bool, up_one_row: bool, down_one_row: bool
+) -> tuple[Tiles, Tiles]:
+    """Each kernel's tiles: ``_one_token_tiles``' where it reads one row a block, else ``_tiles``'."""
+    up_tiles, down_tiles = _tiles(block_rows(tokens), fp32, fmt)
+    one_up, one_down = _one_token_tiles(fmt)
+    return (one_up if up_one_row else up_tiles), (one_down if down_one_row else down_tiles)
+
+
+def _kernel_tiles(
+    tiles: Tiles,
+    one_row: bool,
+    k: int,
+    block_m: int,
+    fmt: str,
+    scale_bk: int,
+    quant: ExpertScales | None,
+) -> _KernelTiles:
+    """A kernel's ``tiles`` as launched over ``k`` columns, one row a block (``one_row``) or ``block_m``."""
+    block_n, block_k, warps, stages = tiles
+    block_k = block_k if quant is None else quant.block_k(block_k)
+    return _KernelTiles(
+        block_n=block_n,
+        block_k=block_k,
+        warps=warps,
+        stages=stages,
+        rows=1 if one_row else block_m,
+        group=row_group(block_k, fmt, scale_bk),
+        k_tiled=k % block_k == 0,
+    )
+
+
+def _plan_experts(
+    sizes: _ExpertSizes,
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    layout: BlockLayout | None,
+    quant: ExpertScales | None,
+    tiles: tuple[Tiles, Tiles] | None,
+) -> _ExpertPlan:
+    """The program rows (pairs apart, or the layout: ``align``'s launch without one), the tiles."""
+    fmt, (scale_bn, scale_bk) = (
+        ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
+    )
+    n, hidden, inter = sizes.tokens, sizes.hidden, sizes.inter
+    apart = pairs_apart(n, fmt, hidden, inter)  # (module docstring, PAIRS APART: no layout read)
+    if layout is None and not apart:
+        layout = align(ids, sizes.num_routed, sizes.num_shared)
+    # a program row a block of the layout (BLOCK_M rows an intermediate block), or a pair
+    blocks, block_m = (sizes.pairs, 1) if apart else (layout.blocks, layout.block_m)
+    sorted_pairs, block_expert = (ids, ids) if apart else (layout.sorted_pairs, layout.block_expert)
+    fp32 = x.dtype == torch.float32
+    up_one_row = apart or one_token_rows(n, fmt, hidden)
+    down_one_row = apart or one_token_rows(n, fmt, inter)
+    up_tiles, down_tiles = tiles or _choose_tiles(n, fmt, fp32, up_one_row, down_one_row)
+    return _ExpertPlan(
+        sizes=sizes,
+        fmt=fmt,
+        scale_bn=scale_bn,
+        scale_bk=scale_bk,
+        apart=apart,
+        blocks=blocks,
+        block_m=block_m,
+        sorted_pairs=sorted_pairs,
+        block_expert=block_expert,
+        gate_up=_kernel_tiles(up_tiles, up_one_row, hidden, block_m, fmt, scale_bk, quant),
+        down=_kernel_tiles(down_tiles, down_one_row, inter, block_m, fmt, scale_bk, quant),
+        precision="ieee" if fp32 else "tf32",
+        pdl=(quant is None or quantized_pdl.get(quant.fmt, False)) and pdl_available(x.device),
+    )
+
+
+def _rows_of_one_stride(
+    x: torch.Tensor, shared_input: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, the shared slots' rows: shared_input's, else x's), contiguous along hidden, of one row stride."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    if shared_input is not None and shared_input.stride() != x.stride():
+        x, shared_input = x.contiguous(), shared_input.contiguous()
+    return x, x if shared_input is None else shared_input
+
+
+@dataclass(frozen=True)
+class _ScalePointers:
+    """The quantized stacks' scales as the expert kernels take them, routed and shared: pointers, strides."""
+
+    gate: torch.Tensor  # [routed, ., .] (up's when ungated)
+    up: torch.Tensor  # [routed, ., .]
+    down: torch.Tensor  # [routed, ., .]
+    shared_gate: torch.Tensor  # [shared, ., .] (the routed ones' without shared experts)
+    shared_up: torch.Tensor  # [shared, ., .]
+    shared_down: torch.Tensor  # [shared, ., .]
+    gate_strides: tuple[int, ...]  # (expert, row, column)
+    up_strides: tuple[int, ...]
+    down_strides: tuple[int, ...]
+    # (expert, row): the column stride the routed ones' (moe_quant_kernels.py checks it)
+    shared_gate_strides: tuple[int, ...]
+    shared_up_strides: tuple[int, ...]
+    shared_down_strides: tuple[int, ...]
+
+
+def _scale_pointers(
+    quant: ExpertScales | None,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    shared_gate: torch.Tensor,
+    shared_up: torch.Tensor,
+    shared_down: torch.Tensor,
+) -> _ScalePointers:
+    """``quant``'s scales as the kernels take them; without it the weight stacks given here stand in."""
+    if quant is None:  # (the weights' pointers and zero strides: not read)
+        routed, shared = (gate, up, down), (shared_gate, shared_up, shared_down)
+        routed_strides, shared_strides = ((0, 0, 0),) * 3, ((0, 0),) * 3
+    else:
+        routed, shared = quant.stacks(), quant.shared_stacks()
+        routed_strides = tuple(t.stride() for t in routed)
+        shared_strides = tuple(t.stride()[:2] for t in shared)
+    return _ScalePointers(*routed, *shared, *routed_strides, *shared_strides)
+
+
+def _launch_gate_up(
+    plan: _ExpertPlan,
+    x: torch.Tensor,
+    shared_x: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    shared_gate: torch.Tensor,
+    shared_up: torch.Tensor,
+    scales: _ScalePointers,
+    ids: torch.Tensor,
+    activation: str,
+    limit: float | None,
+    gated: bool,
+    row_scale: torch.Tensor | None,
+) -> torch.Tensor:
+    """``_gate_up_kernel``'s launch (``gate``: up's when ungated, not read) -> the intermediate rows."""
+    sizes, tiles = plan.sizes, plan.gate_up
+    # [blocks * block_m, inter], written for the real rows
+    act = torch.empty(plan.blocks * plan.block_m, sizes.inter, dtype=x.dtype, device=x.device)
+    _gate_up_kernel[(plan.blocks, triton.cdiv(sizes.inter, tiles.block_n))](
+        x,
+        shared_x,
+        gate,
+        up,
+        shared_gate,
+        shared_up,
+        act,
+        act if row_scale is None else row_scale,
+        scales.gate,
+        scales.up,
+        scales.shared_gate,
+        scales.shared_up,
+        plan.sorted_pairs,
+        plan.block_expert,
+        ids,
+        ids.stride(0),
+        sizes.pairs,
+        sizes.num_routed,
+        sizes.inter,
+        sizes.hidden,
+        float(limit or 0.0),
+        x.stride(0),
+        gate.stride(0),
+        gate.stride(1),
+        up.stride(0),
+        up.stride(1),
+        shared_gate.stride(0),
+        shared_gate.stride(1),
+        shared_up.stride(0),
+        shared_up.stride(1),
+        act.stride(0),
+        *scales.gate_strides,
+        *scales.up_strides,
+        *scales.shared_gate_strides,
+        *scales.shared_up_strides,
+        TOP_K=sizes.top_k,
+        SLOTS=sizes.slots,
+        BLOCK_M=plan.block_m,
+        ROWS=tiles.rows,
+        PAIRS_APART=plan.apart,
+        GROUP=tiles.group,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        K_TILED=tiles.k_tiled,
+        PRECISION=plan.precision,
+        ACT=activation,
+        GATED=gated,
+        CLAMP=limit is not None,
+        FORMAT=plan.fmt,
+        SCALE_BN=plan.scale_bn,
+        SCALE_BK=plan.scale_bk,
+        ROW_SCALE=row_scale is not None,
+        PDL=plan.pdl,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        **pdl_launch_options(plan.pdl),
+    )
+    return act
+
+
+def _launch_down(
+    plan: _ExpertPlan,
+    act: torch.Tensor,
+    down: torch.Tensor,
+    shared_down: torch.Tensor,
+    weights: torch.Tensor,
+    scales: _ScalePointers,
+    ids: torch.Tensor,
+) -> torch.Tensor:
+    """``_down_kernel``'s launch -> each pair's row times its routing weight (a skipped slot's unwritten)."""
+    sizes, tiles = plan.sizes, plan.down
+    # [pairs, hidden]; the skipped slots' rows stay unwritten: the combine kernel adds zeros for them
+    partial = torch.empty(sizes.pairs, sizes.hidden, dtype=torch.float32, device=act.device)
+    _down_kernel[(plan.blocks, triton.cdiv(sizes.hidden, tiles.block_n))](
+        act,
+        down,
+        shared_down,
+        weights,
+        partial,
+        scales.down,
+        scales.shared_down,
+        plan.sorted_pairs,
+        plan.block_expert,
+        ids,
+        ids.stride(0),
+        sizes.pairs,
+        sizes.num_routed,
+        sizes.inter,
+        sizes.hidden,
+        act.stride(0),
+        down.stride(0),
+        down.stride(1),
+        shared_down.stride(0),
+        shared_down.stride(1),
+        weights.stride(0),
+        partial.stride(0),
+        *scales.down_strides,
+        *scales.shared_down_strides,
+        WEIGHTED_SLOTS=weights.shape[1],
+        TOP_K=sizes.top_k,
+        SLOTS=sizes.slots,
+        BLOCK_M=plan.block_m,
+        ROWS=tiles.rows,
+        PAIRS_APART=plan.apart,
+        GROUP=tiles.group,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        K_TILED=tiles.k_tiled,
+        PRECISION=plan.precision,
+        FORMAT=plan.fmt,
+        SCALE_BN=plan.scale_bn,
+        SCALE_BK=plan.scale_bk,
+        PDL=plan.pdl,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+        **pdl_launch_options(plan.pdl),
+    )
+    return partial
+
+
+def _launch_combine(
+    plan: _ExpertPlan,
+    partial: torch.Tensor,
+    ids: torch.Tensor,
+    x: torch.Tensor,
+    shared_apart: bool,
+    ready: tuple[torch.Tensor, torch.Tensor, float] | None,
+    skipped_slots: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | NormedRows:
+    """``_combine_kernel``'s launch (each token's slots summed) -> ``grouped_experts``' output."""
+    sizes, n, hidden = plan.sizes, plan.sizes.tokens, plan.sizes.hidden
+    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)  # [n, hidden]
+    shared_out = torch.empty_like(out) if shared_apart else out  # the shared slots' sum
+    block_h = _combine_block(n, hidden, x.device)
+    programs = triton.cdiv(hidden, block_h)
+    if ready is not None:
+        stream, norm_weight, norm_offset, addend = (*ready, None)[:4]
+        stream = stream.contiguous()
+        addend = out if addend is None else addend.contiguous()  # (unread without one)
+        normed = torch.empty_like(out)
+        sq = torch.empty(programs, n, dtype=torch.float32, device=x.device)  # [programs, n]
+    else:
+        # (unread)
+        stream, norm_weight, norm_offset, addend, normed, sq = out, out, 0.0, out, out, out
+    _combine_kernel[(n, programs)](
+        partial,
+        out,
+        shared_out,
+        ids,
+        stream,
+        addend,
+        norm_weight,
+        normed,
+        sq,
+        n,
+        hidden,
+        norm_offset,
+        partial.stride(0),
+        out.stride(0),
+        ids.stride(0),
+        SLOTS=sizes.slots,
+        TOP_K=sizes.top_k,
+        SKIPS=skipped_slots,
+        APART=shared_apart,
+        READY=ready is not None,
+        ADDEND=addend is not out,
+        BLOCK_H=block_h,
+        PDL=plan.pdl,
+        **pdl_launch_options(plan.pdl),
+    )
+    if ready is not None:
+        return NormedRows(out, normed, sq)
+    return (out, shared_out) if shared_apart else out
+
+
 def grouped_experts(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -785,246 +1237,21 @@ def grouped_experts(
     the next layer's input projection folds that norm in). ``row_scale`` [n] float32: x is a stream times its
     norm's weight and each token's gate/up products are scaled by its entry, the norm's factor (layers/moe.py
     ``RowNorm``)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"grouped experts compute {', '.join(ACTIVATIONS)}, not {activation!r}")
-    if gate is None and limit is not None:
-        raise ValueError("the clamp limit applies to gated experts only")
-    n, hidden = x.shape
-    top_k = ids.shape[1]
-    num_routed, inter = down.shape[0], down.shape[2] * (quant.pack if quant else 1)
+    sizes = _expert_sizes(x, ids, down, shared, quant)
+    _refuse_bad_expert_inputs(
+        sizes, x, weights, ids, gate, up, down, activation, limit, shared, quant, shared_input, ready,
+        row_scale,
+    )  # fmt: skip
+    # (after every refusal: ``align``'s launch)
+    plan = _plan_experts(sizes, x, ids, layout, quant, tiles)
+    x, shared_x = _rows_of_one_stride(x, shared_input)
     shared_gate, shared_up, shared_down = shared or (gate, up, down)
-    num_shared = 0 if shared is None else shared_up.shape[0]
-    if quant is not None and (shared is None) != (quant.shared is None):
-        raise ValueError("quantized shared experts come with their scales (ExpertScales.shared)")
-    if shared is not None and (
-        shared_up.shape[1:] != up.shape[1:]
-        or shared_down.shape[1:] != down.shape[1:]
-        or shared_up.dtype != up.dtype
-        or (shared_gate is None) != (gate is None)
-    ):
-        raise ValueError(
-            "shared experts fuse with routed ones of their own shape, dtype and gating"
-        )
-    for w in (gate, up, down, shared_gate, shared_up, shared_down, ids, weights):
-        assert w is None or w.stride(-1) == 1
     # (the gate pointers are not read when ungated)
     gate_w, shared_gate_w = (up, shared_up) if gate is None else (gate, shared_gate)
-    slots = top_k + num_shared
-    if weights.shape[1] not in (top_k, slots):
-        raise ValueError(
-            f"weights of {weights.shape[1]} slots a token: the {top_k} routed ones, or all {slots}"
-        )
-    pairs = n * slots
-    if row_scale is not None and (shared_input is not None or row_scale.shape != (n,)):
-        raise ValueError(f"a row scale of [{n}] tokens, for x and the shared slots alike")
-    if ready is not None and shared_input is not None:
-        raise ValueError(
-            "the experts' output comes apart from the shared slots' (shared_input): no stream"
-        )
-    added = () if ready is None else (("stream", ready[0]), ("addend", (*ready, None)[3]))
-    for name, t in added:
-        if t is not None and (t.shape != x.shape or t.dtype != x.dtype):
-            raise ValueError(
-                f"the {name} {tuple(t.shape)} {t.dtype} the experts' output is added to: "
-                f"{tuple(x.shape)} {x.dtype}, as their output"
-            )
-    if shared_input is not None and (
-        num_shared == 0 or shared_input.shape != x.shape or shared_input.dtype != x.dtype
-    ):
-        raise ValueError(
-            f"shared_input {tuple(shared_input.shape)} {shared_input.dtype}: the rows of the shared "
-            f"slots, as x's {tuple(x.shape)} {x.dtype}, with shared experts to read them"
-        )
-    fmt, (scale_bn, scale_bk) = (
-        ("none", (1, 1)) if quant is None else (quant.fmt, quant.scale_block)
-    )
-    apart = pairs_apart(n, fmt, hidden, inter)  # (module docstring, PAIRS APART: no layout read)
-    if layout is None and not apart:  # (after every refusal: a launch)
-        layout = align(ids, num_routed, num_shared)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    if shared_input is not None and shared_input.stride() != x.stride():
-        x, shared_input = x.contiguous(), shared_input.contiguous()  # (the kernel: one row stride)
-    fp32 = x.dtype == torch.float32
-    precision = "ieee" if fp32 else "tf32"
-    up_one_row = apart or one_token_rows(n, fmt, hidden)
-    down_one_row = apart or one_token_rows(n, fmt, inter)
-    # a program row a block of the layout (BLOCK_M rows an intermediate block), or a pair
-    blocks, block_m = (pairs, 1) if apart else (layout.blocks, layout.block_m)
-    sorted_pairs, block_expert = (ids, ids) if apart else (layout.sorted_pairs, layout.block_expert)
-    up_tiles, down_tiles = tiles or _tiles(block_rows(n), fp32, fmt)
-    if tiles is None:
-        one_up, one_down = _one_token_tiles(fmt)
-        up_tiles = one_up if up_one_row else up_tiles
-        down_tiles = one_down if down_one_row else down_tiles
-    up_k, down_k = up_tiles[1], down_tiles[1]
-    if quant is not None:
-        up_k, down_k = quant.block_k(up_k), quant.block_k(down_k)
-    # the scales' pointers (the weights', not read, over half-precision stacks) and strides, routed and shared
-    # (the shared ones' column stride the routed ones': moe_quant_kernels.py checks it)
-    gate_s, up_s, down_s = (gate_w, up, down) if quant is None else quant.stacks()
-    shared_gate_s, shared_up_s, shared_down_s = (
-        (shared_gate_w, shared_up, shared_down) if quant is None else quant.shared_stacks()
-    )
-    gate_ss, up_ss, down_ss = (
-        (0, 0, 0) if quant is None else t.stride() for t in (gate_s, up_s, down_s)
-    )
-    shared_gate_ss, shared_up_ss, shared_down_ss = (
-        (0, 0) if quant is None else t.stride()[:2]
-        for t in (shared_gate_s, shared_up_s, shared_down_s)
-    )
-    pdl = (quant is None or quantized_pdl.get(quant.fmt, False)) and pdl_available(x.device)
-    act = torch.empty(blocks * block_m, inter, dtype=x.dtype, device=x.device)
-    bn_up = up_tiles[0]
-    _gate_up_kernel[(blocks, triton.cdiv(inter, bn_up))](
-        x,
-        x if shared_input is None else shared_input,
-        gate_w,
-        up,
-        shared_gate_w,
-        shared_up,
-        act,
-        act if row_scale is None else row_scale,
-        gate_s,
-        up_s,
-        shared_gate_s,
-        shared_up_s,
-        sorted_pairs,
-        block_expert,
-        ids,
-        ids.stride(0),
-        pairs,
-        num_routed,
-        inter,
-        hidden,
-        float(limit or 0.0),
-        x.stride(0),
-        gate_w.stride(0),
-        gate_w.stride(1),
-        up.stride(0),
-        up.stride(1),
-        shared_gate_w.stride(0),
-        shared_gate_w.stride(1),
-        shared_up.stride(0),
-        shared_up.stride(1),
-        act.stride(0),
-        *gate_ss,
-        *up_ss,
-        *shared_gate_ss,
-        *shared_up_ss,
-        TOP_K=top_k,
-        SLOTS=slots,
-        BLOCK_M=block_m,
-        ROWS=1 if up_one_row else block_m,
-        PAIRS_APART=apart,
-        GROUP=row_group(up_k, fmt, scale_bk),
-        BLOCK_N=bn_up,
-        BLOCK_K=up_k,
-        K_TILED=hidden % up_k == 0,
-        PRECISION=precision,
-        ACT=activation,
-        GATED=gate is not None,
-        CLAMP=limit is not None,
-        FORMAT=fmt,
-        SCALE_BN=scale_bn,
-        SCALE_BK=scale_bk,
-        ROW_SCALE=row_scale is not None,
-        PDL=pdl,
-        num_warps=up_tiles[2],
-        num_stages=up_tiles[3],
-        **pdl_launch_options(pdl),
-    )
-    # (the skipped slots' rows stay unwritten: the combine kernel adds zeros for them)
-    partial = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    bn_down = down_tiles[0]
-    _down_kernel[(blocks, triton.cdiv(hidden, bn_down))](
-        act,
-        down,
-        shared_down,
-        weights,
-        partial,
-        down_s,
-        shared_down_s,
-        sorted_pairs,
-        block_expert,
-        ids,
-        ids.stride(0),
-        pairs,
-        num_routed,
-        inter,
-        hidden,
-        act.stride(0),
-        down.stride(0),
-        down.stride(1),
-        shared_down.stride(0),
-        shared_down.stride(1),
-        weights.stride(0),
-        partial.stride(0),
-        *down_ss,
-        *shared_down_ss,
-        WEIGHTED_SLOTS=weights.shape[1],
-        TOP_K=top_k,
-        SLOTS=slots,
-        BLOCK_M=block_m,
-        ROWS=1 if down_one_row else block_m,
-        PAIRS_APART=apart,
-        GROUP=row_group(down_k, fmt, scale_bk),
-        BLOCK_N=bn_down,
-        BLOCK_K=down_k,
-        K_TILED=inter % down_k == 0,
-        PRECISION=precision,
-        FORMAT=fmt,
-        SCALE_BN=scale_bn,
-        SCALE_BK=scale_bk,
-        PDL=pdl,
-        num_warps=down_tiles[2],
-        num_stages=down_tiles[3],
-        **pdl_launch_options(pdl),
-    )
-    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)
-    shared_out = out if shared_input is None else torch.empty_like(out)
-    block_h = _combine_block(n, hidden, x.device)
-    programs = triton.cdiv(hidden, block_h)
-    if ready is not None:
-        stream, norm_weight, norm_offset, addend = (*ready, None)[:4]
-        stream = stream.contiguous()
-        addend = out if addend is None else addend.contiguous()  # (unread without one)
-        normed = torch.empty_like(out)
-        sq = torch.empty(programs, n, dtype=torch.float32, device=x.device)
-    else:
-        stream, norm_weight, norm_offset, addend, normed, sq = (
-            out,
-            out,
-            0.0,
-            out,
-            out,
-            out,
-        )  # (unread)
-    _combine_kernel[(n, programs)](
-        partial,
-        out,
-        shared_out,
-        ids,
-        stream,
-        addend,
-        norm_weight,
-        normed,
-        sq,
-        n,
-        hidden,
-        norm_offset,
-        partial.stride(0),
-        out.stride(0),
-        ids.stride(0),
-        SLOTS=slots,
-        TOP_K=top_k,
-        SKIPS=skipped_slots,
-        APART=shared_input is not None,
-        READY=ready is not None,
-        ADDEND=addend is not out,
-        BLOCK_H=block_h,
-        PDL=pdl,
-        **pdl_launch_options(pdl),
-    )
-    if ready is not None:
-        return NormedRows(out, normed, sq)
-    return out if shared_input is None else (out, shared_out)
+    scales = _scale_pointers(quant, gate_w, up, down, shared_gate_w, shared_up, shared_down)
+    act = _launch_gate_up(
+        plan, x, shared_x, gate_w, up, shared_gate_w, shared_up, scales, ids, activation, limit,
+        gate is not None, row_scale,
+    )  # fmt: skip
+    partial = _launch_down(plan, act, down, shared_down, weights, scales, ids)
+    return _launch_combine(plan, partial, ids, x, shared_input is not None, ready, skipped_slots)
