@@ -26,7 +26,8 @@ from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.moe import RoutedExperts, shared_expert_stacks  # noqa: E402
 from outpace.model_config import ModelConfig  # noqa: E402
 from outpace.models.gemma4 import Gemma4Experts, Gemma4Moe, Gemma4Router  # noqa: E402
-from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE  # noqa: E402
+from outpace.models.step3p5 import Step3p5MLP, Step3p5MoE  # noqa: E402
+from outpace.models.step3p5_config import Step3p5Config  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # decode (1 token), verify widths 2..8 over a few sequences, a batch of 32 verifying 2 or 3 (> 64: the token

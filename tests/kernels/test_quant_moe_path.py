@@ -251,7 +251,8 @@ def test_step3p5_block_fp8_stacks_on_the_kernels_equal_the_eager_path():
     from outpace.layers.moe import StackedWeight
     from outpace.layers.quant.experts import QuantizedStackedWeight
     from outpace.model_config import ModelConfig
-    from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE
+    from outpace.models.step3p5 import Step3p5MLP, Step3p5MoE
+    from outpace.models.step3p5_config import Step3p5Config
 
     scheme = QuantScheme(FP8_BLOCK, "test", block=(8, 64))
     cfg = Step3p5Config.from_model_config(ModelConfig.from_dict(CONFIG))

@@ -41,7 +41,8 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model
-from outpace.models.step3p5 import Step3p5Config, Step3p5MLP, Step3p5MoE, clamped_swiglu
+from outpace.models.step3p5 import Step3p5MLP, Step3p5MoE, clamped_swiglu
+from outpace.models.step3p5_config import Step3p5Config
 from outpace.validation import ConfigError
 
 # ---- the reference, assembled from transformers components -------------------------------------------------
