@@ -1,5 +1,8 @@
 """The step loop: admit requests, schedule, run, append tokens, detect stops, return outputs.
 
+``LLMEngine._build`` assembles the parts (tokenizer, target, pool, proposer, runner, scheduler) from the
+start-up jobs of engine/start_up.py, in the order that file explains.
+
 Tensor parallelism (``EngineConfig.tensor_parallel_size`` > 1): every rank holds an engine whose model
 is this rank's shard (built inside ``building_in``); rank 0's takes requests and returns outputs, and
 at each step sends the other ranks what changed, so every rank schedules and runs the same step
@@ -8,90 +11,51 @@ at each step sends the other ranks what changed, so every rank schedules and run
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import numbers
-import sys
 import time
 import weakref
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from outpace.attention.kv_quant import is_fp8, resolve_kv_cache_dtype
 from outpace.attention.registry import resolve_backend_name
-from outpace.cache.block_pool import BlockPool
-from outpace.cache.kv_scales import load_kv_scales
-from outpace.cache.prefix_cache import PrefixCache, PrefixCacheStats
-from outpace.checkpoint import checkpoint_files
-from outpace.config import CPU_KV_BLOCKS, EngineConfig
+from outpace.cache.prefix_cache import PrefixCacheStats
+from outpace.config import EngineConfig
 from outpace.detokenizer import update_text
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
-from outpace.distributed.lockstep import DriverChoice, Lockstep, requests_of
+from outpace.distributed.lockstep import Lockstep, requests_of
 from outpace.engine.cuda_graphs import batch_buckets
-from outpace.engine.memory import (
-    agree_across_ranks,
-    plan_kv_pool,
-    refuse_too_small,
-    resize_kv_pool,
-    weights_summary,
-)
 from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import Scheduler
-from outpace.engine.step_key import SamplingMode
+from outpace.engine.start_up import (
+    build_choosers,
+    build_proposer,
+    check_before_loading,
+    check_decode_fits_a_batch,
+    context_limit,
+    eos_token_ids,
+    kv_cache_dtype,
+    load_target,
+    load_tokenizer,
+    provisional_pool,
+    report,
+    set_up_prefix_cache,
+    size_kv_pool,
+)
 from outpace.engine.step_results import StepResults
 from outpace.engine.warm_up import warm_up_prefills
-from outpace.layers.moe import experts_off_the_kernels
-from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.model_config import ModelConfig
-from outpace.models.loader import load_model, resolve_dtype
-from outpace.registry import proposer_class
+from outpace.models.loader import resolve_dtype
 from outpace.request import Request, RequestOutput
 from outpace.sampling_params import SamplingParams
-from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
 from outpace.speculative.metrics import SpecMetrics
-from outpace.speculative.proposer import DraftShape, draft_shapes
 from outpace.structured import GrammarCompiler, GrammarTable
-from outpace.threads import configure_threads
-from outpace.validation import ConfigError, read_json_object
 
 logger = logging.getLogger("outpace.engine")
-
-
-# The JSON files transformers' AutoTokenizer reads from a tokenizer directory (config.json is ModelConfig's).
-TOKENIZER_JSON_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.json",
-    "vocab.json",
-)
-
-
-def load_tokenizer(path: str | Path):
-    """The checkpoint's tokenizer through transformers, or None when the directory has none. A tokenizer
-    that does not load raises ``ConfigError`` naming the file that is not valid JSON, else the directory."""
-    path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        return None
-    from transformers import AutoTokenizer
-
-    try:
-        # NOTE: the engine refuses a prompt longer than its context itself; transformers' own limit
-        # (model_max_length) would only log a warning of indexing errors that cannot happen here.
-        return AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
-    except Exception as error:  # noqa: BLE001 - explained below, naming the file (parsed again on failure only)
-        for name in TOKENIZER_JSON_FILES:
-            if (path / name).is_file():
-                read_json_object(path / name)
-        raise ConfigError(
-            f"{path}: the tokenizer cannot be loaded by transformers: {error}"
-        ) from error
 
 
 def _token_ids(prompt: Sequence) -> list[int]:
@@ -113,26 +77,6 @@ def _undrafted_metrics(batch: list, results: StepResults) -> list[SpecMetrics]:
         for s, accepted, drafts in zip(batch, results.num_accepted_drafts, results.num_drafts)
         if accepted is not None and not drafts
     ]
-
-
-def _refuse_experts_off_the_kernels(model: torch.nn.Module) -> None:
-    """Captured steps need every mixture on the grouped kernels: experts they do not take (a quantized format or
-    shape they lack, layers/quant/experts.py ``grouped_kernels_take``) run one by one behind a host sync."""
-    names = experts_off_the_kernels(model)
-    if names:
-        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
-        raise ConfigError(
-            f"the experts of {names[0]}{more} run one by one on the GPU (their activation or quantized "
-            "format is not one the grouped kernels take), which a captured CUDA graph cannot hold: serve "
-            "with --enforce-eager (EngineConfig.cuda_graphs=False)"
-        )
-
-
-def _report(message: str, progress: bool) -> None:
-    """Start-up facts: logged, and printed to stderr when the engine shows progress."""
-    logger.info(message)
-    if progress:
-        print(f"outpace: {message}", file=sys.stderr)
 
 
 def close_ranks(
@@ -182,87 +126,31 @@ class LLMEngine:
         )
 
     def _build(self, config: EngineConfig, progress: bool) -> None:
+        """The engine's parts, built in an order that matters (engine/start_up.py says why)."""
         self.config = config
         self.model_config = ModelConfig.from_pretrained(config.model)
         max_pos = self.model_config.max_position_embeddings
         spec = config.speculative
-        if spec.enabled and proposer_class(spec.method).takes_draft_checkpoint and not spec.draft:
-            raise ConfigError(
-                f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
-                f"with a draft checkpoint: give its directory"
-            )
-        if spec.enabled and spec.draft and proposer_class(spec.method).takes_draft_checkpoint:
-            checkpoint_files(spec.draft)  # (a damaged draft named before the target loads)
-        if config.max_model_len is not None and config.max_model_len > max_pos:
-            raise ConfigError(
-                f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "
-                f"max_position_embeddings is {max_pos} ({config.model}/config.json)"
-            )
-        self.tokenizer = load_tokenizer(
-            config.tokenizer or config.model
-        )  # (a bad file named before the model loads)
-        torch.manual_seed(config.seed)
+        check_before_loading(config, self.model_config)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        torch.manual_seed(config.seed)  # (before the models: a dummy load's weights follow it)
         self._seeds = torch.Generator().manual_seed(config.seed)  # unseeded requests' seeds
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)
-        self.model = load_model(
-            config.model, dtype, config.device, progress=progress, load_format=config.load_format
-        )
-        _report(weights_summary(self.model, self.model_config.quantization), progress)
-        if config.device.startswith("cuda") and config.cuda_graphs:
-            _refuse_experts_off_the_kernels(self.model)
-        if config.device == "cpu":
-            configure_threads(sum(p.numel() for p in self.model.parameters()))
-        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
-        if is_fp8(kv_dtype):  # the layers' k/v scales: the checkpoint's, else 1.0 (kv_scales.py)
-            load_kv_scales(self.model, None if config.load_format == "dummy" else config.model)
-        calibrated = getattr(self.model_config.quantization, "kv_cache_quant_algo", None)
-        _report(
-            f"KV cache dtype: {str(kv_dtype).removeprefix('torch.')}"
-            + (
-                f" (the checkpoint has {calibrated} KV-cache scales: --kv-cache-dtype fp8 uses them)"
-                if calibrated and not is_fp8(kv_dtype)
-                else ""
-            ),
-            progress,
-        )
-        # sized from memory: first a provisional pool holding one profile forward (engine/memory.py)
-        profile_tokens = min(config.max_num_batched_tokens, max_pos - 1)
-        sizing = config.kv_blocks_from_memory
-        blocks = (
-            -(-profile_tokens // config.block_size)
-            if sizing
-            else config.num_kv_blocks or CPU_KV_BLOCKS
-        )
-        self.pool = BlockPool(blocks, config.block_size)
-        on_gpu = config.device.startswith("cuda")
+        self.model = load_target(config, self.model_config, dtype, progress)
+        kv_dtype = kv_cache_dtype(config, self.model_config, self.model, dtype, progress)
+        self.pool = provisional_pool(config, max_pos)
         backend = resolve_backend_name(config.attention_backend, config.device)
-        self.proposer, shapes, lookahead = None, (DraftShape(0),), 0
-        if spec.enabled:
-            self.proposer = proposer_class(spec.method)(
-                spec,
-                self.model,
-                self.pool,
-                config.max_num_seqs,
-                dtype=dtype,
-                device=config.device,
-                attention_backend=backend,
-            )
-            self.model.set_aux_hidden_state_layers(self.proposer.aux_layer_ids)
-            shapes, lookahead = draft_shapes(spec), self.proposer.lookahead
-            if lookahead >= POSITIONS_PAST_CONTEXT:
-                raise ConfigError(
-                    f"SpeculativeConfig num_steps={spec.num_steps}, num_draft_tokens="
-                    f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
-                    f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported"
-                )
+        self.proposer, shapes, lookahead = build_proposer(
+            config, self.model, self.pool, dtype, backend
+        )
         # NOTE: with speculation the lookahead + 1 rows after a request's last token are kept for its drafts,
         # also past the end of the context (rotary tables cover POSITIONS_PAST_CONTEXT more positions).
         reserved = lookahead + 1 if spec.enabled else 0
-        rows = max_pos + reserved if sizing else min(max_pos + reserved, blocks * config.block_size)
-        self.choosers = self._build_choosers(shapes)
-        self.eos_token_ids = set(self.model_config.eos_token_ids)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        rows = max_pos + reserved
+        if not config.kv_blocks_from_memory:  # (a fixed pool: no request reaches past it)
+            rows = min(rows, self.pool.num_blocks * config.block_size)
+        self.choosers = build_choosers(shapes, self.ranks.group)
+        self.eos_token_ids = eos_token_ids(self.model_config, self.tokenizer)
         self.grammars = GrammarTable(
             GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         )
@@ -282,24 +170,22 @@ class LLMEngine:
             state_dtype=dtype,
         )
         decode_tokens = shapes[-1].num_nodes
-        if spec.enabled and config.max_num_batched_tokens < decode_tokens:
-            raise ConfigError(
-                f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
-                f"must be >= num_draft_tokens={decode_tokens}"
-            )
+        check_decode_fits_a_batch(config, decode_tokens)
         self.memory_plan = None
-        if sizing:
-            graph_tokens = 0
-            if (
-                on_gpu and config.cuda_graphs
-            ):  # the largest captured forward: a decode step or a prefill chunk
-                prefill = prefill_buckets(config.max_num_batched_tokens)
-                largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
-                graph_tokens = max([largest * decode_tokens, *prefill])
-            context = (config.max_model_len or max_pos) + reserved
-            self._size_kv_pool(profile_tokens, graph_tokens, context, reserved, progress)
-        self.prefix_caching_off_reason = self._set_up_prefix_cache()
-        unsettled = self.proposer.unsettled_rows if spec.enabled else 0
+        if config.kv_blocks_from_memory:
+            self.memory_plan = size_kv_pool(
+                config,
+                self.runner,
+                self.pool,
+                self.ranks.group,
+                max_pos,
+                decode_tokens,
+                reserved,
+                progress,
+            )
+        self.prefix_caching_off_reason = set_up_prefix_cache(
+            config, self.model_config, self.runner, self.proposer, self.pool
+        )
         self.scheduler = Scheduler(
             self.pool,
             config.max_num_seqs,
@@ -307,27 +193,12 @@ class LLMEngine:
             decode_tokens,
             lookahead,
             on_free=self._on_free,
-            unsettled_rows=unsettled,
+            unsettled_rows=self.proposer.unsettled_rows if spec.enabled else 0,
         )
-        limits = {
-            "max_position_embeddings": max_pos,
-            f"the KV cache ({self.pool.num_blocks} blocks of {config.block_size})": self.pool.num_blocks
-            * config.block_size
-            - reserved,
-        }
-        if config.max_model_len:
-            limits["max_model_len"] = config.max_model_len
-        self._context_limit = min(limits, key=limits.get)
-        self.max_model_len = limits[self._context_limit]
-        if config.max_model_len and self.max_model_len < config.max_model_len:
-            raise ConfigError(
-                f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
-                f"{self.max_model_len} tokens, set by {self._context_limit}"
-            )
-        _report(
-            f"the context holds {self.max_model_len} tokens (set by {self._context_limit})",
-            progress,
+        self._context_limit, self.max_model_len = context_limit(
+            config, max_pos, self.pool, reserved, progress
         )
+        on_gpu = config.device.startswith("cuda")
         if on_gpu and config.cuda_graphs:
             self.capture_graphs()
         if on_gpu:  # compile the eager prefill's kernel variants now, not in the first requests (engine/warm_up.py)
@@ -341,74 +212,6 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self.stream_outputs = False  # step() also reports unfinished requests that got tokens
-
-    def _build_choosers(self, shapes: tuple[DraftShape, ...]) -> dict:
-        """Adaptive speculation (several draft shapes): one draft-shape chooser per sampling mode (acceptance
-        and step costs differ between them); with several ranks, rank 0's choice is every rank's."""
-        if len(shapes) == 1:
-            return {}
-        choosers = {
-            mode: DraftLengthChooser(list(shapes), probe_budget=PROBE_BUDGET)
-            for mode in SamplingMode
-        }
-        if self.lockstep is not None:
-            choosers = {mode: DriverChoice(c, self.ranks.group) for mode, c in choosers.items()}
-        return choosers
-
-    def _size_kv_pool(
-        self, profile_tokens: int, graph_tokens: int, context: int, reserved: int, progress: bool
-    ) -> None:
-        """Size the pool from memory (engine/memory.py) and say what was chosen."""
-        config = self.config
-        cuda = self.runner.device.type == "cuda"
-        utilization = config.gpu_memory_utilization if cuda else config.cpu_memory_utilization
-        limit = config.max_num_seqs * self.pool.blocks_needed(context)
-        plan = plan_kv_pool(
-            self.runner,
-            self.pool,
-            self.runner.device,
-            utilization,
-            profile_tokens,
-            graph_tokens,
-            limit,
-        )
-        plan = dataclasses.replace(
-            plan, num_blocks=agree_across_ranks(plan.num_blocks, self.ranks.group)
-        )
-        refuse_too_small(
-            plan,
-            self.pool.blocks_needed(2 + reserved),
-            config.block_size,
-            "gpu_memory_utilization" if cuda else "cpu_memory_utilization",
-        )
-        resize_kv_pool(self.runner, self.pool, plan.num_blocks)
-        self.memory_plan = plan
-        _report(plan.summary(config.block_size), progress)
-
-    def _set_up_prefix_cache(self) -> str | None:
-        """Give the pool a prefix cache unless the configuration turns it off or the models cannot use one;
-        returns why it is off (None: on)."""
-        enable = self.config.enable_prefix_caching
-        proposer = self.proposer
-        refusal = None
-        if self.runner.has_recurrent_state:
-            refusal = (
-                f"the target {self.model_config.architecture} has recurrent layers (Mamba / linear "
-                f"attention), and their per-request state is not cached at block boundaries"
-            )
-        elif proposer is not None:
-            refusal = proposer.prefix_caching_refusal()
-        if enable and refusal:
-            raise ConfigError(f"EngineConfig.enable_prefix_caching=True is invalid: {refusal}")
-        if enable is False:
-            return "turned off by enable_prefix_caching=False"
-        if refusal:
-            _report(f"prefix caching is off: {refusal}", False)
-            return refusal
-        self.pool.prefix_cache = PrefixCache(
-            self.config.block_size, proposer.kv_reads_ahead if proposer else 0
-        )
-        return None
 
     def capture_graphs(self) -> None:
         """Capture the decode iteration for every batch bucket (``cuda_graph_sizes``, by default a ladder up to
@@ -426,7 +229,7 @@ class LLMEngine:
         )
         if self.memory_plan is not None and self.runner.device.type == "cuda":
             taken = torch.cuda.memory_reserved(self.runner.device) - reserved
-            _report(
+            report(
                 f"CUDA graphs took {taken / (1 << 30):.3f} GiB (sizing estimated "
                 f"{self.memory_plan.graphs / (1 << 30):.3f} GiB)",
                 False,

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from outpace.config import EngineConfig
-from outpace.engine.engine import LLMEngine, load_tokenizer
+from outpace.engine.engine import LLMEngine
+from outpace.engine.start_up import load_tokenizer
 from outpace.request import Request, RequestOutput, RequestStatus
 from outpace.sampling_params import SamplingParams
 from outpace.server.metrics import ServerMetrics

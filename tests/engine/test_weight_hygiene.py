@@ -139,7 +139,7 @@ def test_a_tokenizer_file_that_is_no_json_is_named_before_the_model_loads(
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the tokenizer was")
 
-    monkeypatch.setattr("outpace.engine.engine.load_model", refuse)
+    monkeypatch.setattr("outpace.engine.start_up.load_model", refuse)
     with pytest.raises(ConfigError, match=re.escape(f"{path / name}: not valid JSON")):
         LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
 
@@ -352,7 +352,7 @@ def test_a_damaged_draft_is_named_before_the_target_loads(drafter, tmp_path, mon
     def refuse(*args, **kwargs):
         raise AssertionError("the target loaded before the draft's files were checked")
 
-    monkeypatch.setattr("outpace.engine.engine.load_model", refuse)
+    monkeypatch.setattr("outpace.engine.start_up.load_model", refuse)
     method = {"draft_model": "draft"}.get(drafter, drafter)
     config = EngineConfig(str(ZOO / "tinypy"), speculative=SpeculativeConfig(method, str(path)))
     with pytest.raises(CheckpointError, match=re.escape(f"{file}: is truncated")):

@@ -559,7 +559,7 @@ def test_per_channel_fp8_experts_as_redhat_publishes_qwen3_moe(tmp_path):
     assert any(".experts." in n for n in names) and any("self_attn" in n for n in names)
     # the GPU's grouped kernels take them (as blocks of one row); block FP8 of 16-column blocks they do not, which
     # a captured engine refuses by name
-    from outpace.engine.engine import _refuse_experts_off_the_kernels
+    from outpace.engine.start_up import refuse_experts_off_the_kernels
     from outpace.layers.moe import experts_off_the_kernels
 
     assert experts_off_the_kernels(load_model(q_dir, torch.float32)) == []
@@ -571,7 +571,7 @@ def test_per_channel_fp8_experts_as_redhat_publishes_qwen3_moe(tmp_path):
     with pytest.raises(
         ConfigError, match=rf"{off[0]} \(and {len(off) - 1} more\).*--enforce-eager"
     ):
-        _refuse_experts_off_the_kernels(model)
+        refuse_experts_off_the_kernels(model)
 
 
 @pytest.mark.parametrize(

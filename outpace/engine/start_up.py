@@ -1,0 +1,337 @@
+"""Engine start-up, one job a function: the checks of the configuration made before anything loads, the
+tokenizer, the target, the KV cache's dtype, the provisional pool, the proposer and its draft shapes, the
+draft-shape choosers, the pool's size from memory, the prefix cache and the context limit.
+
+``LLMEngine._build`` (engine/engine.py) calls them in an order that matters: what can be refused cheaply
+(the configuration, the tokenizer's files, a damaged draft) is refused before the target loads; the seed is
+set before the model is built; the proposer is built over the provisional pool, which is sized from memory
+only once the runner holds the models (engine/memory.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+from outpace.attention.kv_quant import is_fp8, resolve_kv_cache_dtype
+from outpace.cache.block_pool import BlockPool
+from outpace.cache.kv_scales import load_kv_scales
+from outpace.cache.prefix_cache import PrefixCache
+from outpace.checkpoint import checkpoint_files
+from outpace.config import CPU_KV_BLOCKS, EngineConfig
+from outpace.distributed.group import RankGroup
+from outpace.distributed.lockstep import DriverChoice
+from outpace.engine.cuda_graphs import batch_buckets
+from outpace.engine.memory import (
+    MemoryPlan,
+    agree_across_ranks,
+    plan_kv_pool,
+    refuse_too_small,
+    resize_kv_pool,
+    weights_summary,
+)
+from outpace.engine.prefill_graphs import prefill_buckets
+from outpace.engine.runner import ModelRunner
+from outpace.engine.step_key import SamplingMode
+from outpace.layers.moe import experts_off_the_kernels
+from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
+from outpace.model_config import ModelConfig
+from outpace.models.loader import load_model
+from outpace.registry import proposer_class
+from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
+from outpace.speculative.proposer import DraftShape, Proposer, draft_shapes
+from outpace.threads import configure_threads
+from outpace.validation import ConfigError, read_json_object
+
+logger = logging.getLogger("outpace.engine")
+
+
+# The JSON files transformers' AutoTokenizer reads from a tokenizer directory (config.json is ModelConfig's).
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.json",
+    "vocab.json",
+)
+
+
+def report(message: str, progress: bool) -> None:
+    """Start-up facts: logged, and printed to stderr when the engine shows progress."""
+    logger.info(message)
+    if progress:
+        print(f"outpace: {message}", file=sys.stderr)
+
+
+def check_before_loading(config: EngineConfig, model_config: ModelConfig) -> None:
+    """Refuse what the configuration alone shows to be wrong, and a damaged draft checkpoint, before the
+    target (minutes to load at real size) loads."""
+    max_pos = model_config.max_position_embeddings
+    spec = config.speculative
+    if spec.enabled and proposer_class(spec.method).takes_draft_checkpoint and not spec.draft:
+        raise ConfigError(
+            f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
+            f"with a draft checkpoint: give its directory"
+        )
+    if spec.enabled and spec.draft and proposer_class(spec.method).takes_draft_checkpoint:
+        checkpoint_files(spec.draft)
+    if config.max_model_len is not None and config.max_model_len > max_pos:
+        raise ConfigError(
+            f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "
+            f"max_position_embeddings is {max_pos} ({config.model}/config.json)"
+        )
+
+
+def load_tokenizer(path: str | Path):
+    """The checkpoint's tokenizer through transformers, or None when the directory has none. A tokenizer
+    that does not load raises ``ConfigError`` naming the file that is not valid JSON, else the directory."""
+    path = Path(path)
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        # NOTE: the engine refuses a prompt longer than its context itself; transformers' own limit
+        # (model_max_length) would only log a warning of indexing errors that cannot happen here.
+        return AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
+    except Exception as error:  # noqa: BLE001 - explained below, naming the file (parsed again on failure only)
+        for name in TOKENIZER_JSON_FILES:
+            if (path / name).is_file():
+                read_json_object(path / name)
+        raise ConfigError(
+            f"{path}: the tokenizer cannot be loaded by transformers: {error}"
+        ) from error
+
+
+def eos_token_ids(model_config: ModelConfig, tokenizer) -> set[int]:
+    """The tokens that end a request: the model's, and the tokenizer's when it names one."""
+    ids = set(model_config.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def refuse_experts_off_the_kernels(model: torch.nn.Module) -> None:
+    """Captured steps need every mixture on the grouped kernels: experts they do not take (a quantized format or
+    shape they lack, layers/quant/experts.py ``grouped_kernels_take``) run one by one behind a host sync."""
+    names = experts_off_the_kernels(model)
+    if names:
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        raise ConfigError(
+            f"the experts of {names[0]}{more} run one by one on the GPU (their activation or quantized "
+            "format is not one the grouped kernels take), which a captured CUDA graph cannot hold: serve "
+            "with --enforce-eager (EngineConfig.cuda_graphs=False)"
+        )
+
+
+def load_target(
+    config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, progress: bool
+) -> torch.nn.Module:
+    """The target model, its weights reported; refused when CUDA graphs could not hold its experts; on the
+    CPU, the thread count set for its size."""
+    model = load_model(
+        config.model, dtype, config.device, progress=progress, load_format=config.load_format
+    )
+    report(weights_summary(model, model_config.quantization), progress)
+    if config.device.startswith("cuda") and config.cuda_graphs:
+        refuse_experts_off_the_kernels(model)
+    if config.device == "cpu":
+        configure_threads(sum(p.numel() for p in model.parameters()))
+    return model
+
+
+def kv_cache_dtype(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    model: torch.nn.Module,
+    dtype: torch.dtype,
+    progress: bool,
+) -> torch.dtype:
+    """The paged KV cache's dtype, reported; for an FP8 cache, the layers' k/v scales loaded: the
+    checkpoint's, else 1.0 (kv_scales.py)."""
+    kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
+    if is_fp8(kv_dtype):
+        load_kv_scales(model, None if config.load_format == "dummy" else config.model)
+    calibrated = getattr(model_config.quantization, "kv_cache_quant_algo", None)
+    report(
+        f"KV cache dtype: {str(kv_dtype).removeprefix('torch.')}"
+        + (
+            f" (the checkpoint has {calibrated} KV-cache scales: --kv-cache-dtype fp8 uses them)"
+            if calibrated and not is_fp8(kv_dtype)
+            else ""
+        ),
+        progress,
+    )
+    return kv_dtype
+
+
+def _profile_tokens(config: EngineConfig, max_pos: int) -> int:
+    """The tokens of the profile forward that sizing from memory measures."""
+    return min(config.max_num_batched_tokens, max_pos - 1)
+
+
+def provisional_pool(config: EngineConfig, max_pos: int) -> BlockPool:
+    """The pool the models are built over: sized from memory, first one holding one profile forward
+    (engine/memory.py, ``size_kv_pool``); otherwise the configured number of blocks, for good."""
+    blocks = (
+        -(-_profile_tokens(config, max_pos) // config.block_size)
+        if config.kv_blocks_from_memory
+        else config.num_kv_blocks or CPU_KV_BLOCKS
+    )
+    return BlockPool(blocks, config.block_size)
+
+
+def build_proposer(
+    config: EngineConfig,
+    model: torch.nn.Module,
+    pool: BlockPool,
+    dtype: torch.dtype,
+    backend: str,
+) -> tuple[Proposer | None, tuple[DraftShape, ...], int]:
+    """The proposer (None without speculation), the draft shapes it may draft and its lookahead (the rows
+    its drafts reach past a request's last token); the target is told which hidden states to keep for it."""
+    spec = config.speculative
+    if not spec.enabled:
+        return None, (DraftShape(0),), 0
+    proposer = proposer_class(spec.method)(
+        spec,
+        model,
+        pool,
+        config.max_num_seqs,
+        dtype=dtype,
+        device=config.device,
+        attention_backend=backend,
+    )
+    model.set_aux_hidden_state_layers(proposer.aux_layer_ids)
+    shapes, lookahead = draft_shapes(spec), proposer.lookahead
+    if lookahead >= POSITIONS_PAST_CONTEXT:
+        raise ConfigError(
+            f"SpeculativeConfig num_steps={spec.num_steps}, num_draft_tokens="
+            f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
+            f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported"
+        )
+    return proposer, shapes, lookahead
+
+
+def build_choosers(shapes: tuple[DraftShape, ...], group: RankGroup) -> dict:
+    """Adaptive speculation (several draft shapes): one draft-shape chooser per sampling mode (acceptance
+    and step costs differ between them); with several ranks, rank 0's choice is every rank's."""
+    if len(shapes) == 1:
+        return {}
+    choosers = {
+        mode: DraftLengthChooser(list(shapes), probe_budget=PROBE_BUDGET) for mode in SamplingMode
+    }
+    if group.size > 1:
+        choosers = {mode: DriverChoice(c, group) for mode, c in choosers.items()}
+    return choosers
+
+
+def check_decode_fits_a_batch(config: EngineConfig, decode_tokens: int) -> None:
+    """With speculation, one request's decode step (``decode_tokens`` verified tokens) fits the token budget."""
+    if config.speculative.enabled and config.max_num_batched_tokens < decode_tokens:
+        raise ConfigError(
+            f"EngineConfig.max_num_batched_tokens={config.max_num_batched_tokens} is invalid: "
+            f"must be >= num_draft_tokens={decode_tokens}"
+        )
+
+
+def _graph_tokens(config: EngineConfig, decode_tokens: int) -> int:
+    """The tokens of the largest captured forward, a decode step or a prefill chunk (0: none is captured)."""
+    if not (config.device.startswith("cuda") and config.cuda_graphs):
+        return 0
+    prefill = prefill_buckets(config.max_num_batched_tokens)
+    largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
+    return max([largest * decode_tokens, *prefill])
+
+
+def size_kv_pool(
+    config: EngineConfig,
+    runner: ModelRunner,
+    pool: BlockPool,
+    group: RankGroup,
+    max_pos: int,
+    decode_tokens: int,
+    reserved: int,
+    progress: bool,
+) -> MemoryPlan:
+    """Size the pool from memory (engine/memory.py), every rank taking the same count, and say what was
+    chosen. ``reserved``: the rows past a request's context kept for its drafts."""
+    cuda = runner.device.type == "cuda"
+    utilization = config.gpu_memory_utilization if cuda else config.cpu_memory_utilization
+    context = (config.max_model_len or max_pos) + reserved
+    plan = plan_kv_pool(
+        runner,
+        pool,
+        runner.device,
+        utilization,
+        _profile_tokens(config, max_pos),
+        _graph_tokens(config, decode_tokens),
+        config.max_num_seqs * pool.blocks_needed(context),
+    )
+    plan = dataclasses.replace(plan, num_blocks=agree_across_ranks(plan.num_blocks, group))
+    refuse_too_small(
+        plan,
+        pool.blocks_needed(2 + reserved),
+        config.block_size,
+        "gpu_memory_utilization" if cuda else "cpu_memory_utilization",
+    )
+    resize_kv_pool(runner, pool, plan.num_blocks)
+    report(plan.summary(config.block_size), progress)
+    return plan
+
+
+def set_up_prefix_cache(
+    config: EngineConfig,
+    model_config: ModelConfig,
+    runner: ModelRunner,
+    proposer: Proposer | None,
+    pool: BlockPool,
+) -> str | None:
+    """Give the pool a prefix cache unless the configuration turns it off or the models cannot use one;
+    returns why it is off (None: on)."""
+    enable = config.enable_prefix_caching
+    refusal = None
+    if runner.has_recurrent_state:
+        refusal = (
+            f"the target {model_config.architecture} has recurrent layers (Mamba / linear "
+            f"attention), and their per-request state is not cached at block boundaries"
+        )
+    elif proposer is not None:
+        refusal = proposer.prefix_caching_refusal()
+    if enable and refusal:
+        raise ConfigError(f"EngineConfig.enable_prefix_caching=True is invalid: {refusal}")
+    if enable is False:
+        return "turned off by enable_prefix_caching=False"
+    if refusal:
+        report(f"prefix caching is off: {refusal}", False)
+        return refusal
+    pool.prefix_cache = PrefixCache(config.block_size, proposer.kv_reads_ahead if proposer else 0)
+    return None
+
+
+def context_limit(
+    config: EngineConfig, max_pos: int, pool: BlockPool, reserved: int, progress: bool
+) -> tuple[str, int]:
+    """What sets the context (the model, the KV cache less its ``reserved`` rows, or ``max_model_len``:
+    the smallest) and the tokens it holds, reported; refused when less than ``max_model_len``."""
+    limits = {
+        "max_position_embeddings": max_pos,
+        f"the KV cache ({pool.num_blocks} blocks of {config.block_size})": pool.num_blocks
+        * config.block_size
+        - reserved,
+    }
+    if config.max_model_len:
+        limits["max_model_len"] = config.max_model_len
+    limit = min(limits, key=limits.get)
+    if config.max_model_len and limits[limit] < config.max_model_len:
+        raise ConfigError(
+            f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
+            f"{limits[limit]} tokens, set by {limit}"
+        )
+    report(f"the context holds {limits[limit]} tokens (set by {limit})", progress)
+    return limit, limits[limit]
