@@ -18,11 +18,16 @@ from pathlib import Path
 import torch
 
 from outpace.models.drafts.eagle3 import Eagle3Config
-from outpace.train.distill import response_mask, teacher_forward
+from outpace.train.distill import decayed_weights, response_mask, teacher_forward, weighted_loss
 from outpace.train.ranks import ONE_RANK
 from outpace.train.recipes import eagle3 as E
 
 SEQ, DRAFT_VOCAB, TTT_STEPS = 192, 2048, 7
+
+
+def ttt_loss(losses: list[torch.Tensor]) -> torch.Tensor:
+    """EAGLE3's loss over its TTT steps, weighed as its recipe weighs them."""
+    return weighted_loss(losses, decayed_weights(len(losses), E.STEP_DECAY))
 
 
 def build(device: str, batch: int):
@@ -73,7 +78,7 @@ def main() -> None:
             try:
                 with torch.autocast(device, dtype=torch.bfloat16):
                     outputs = forward(draft, embed, aux, tokens, TTT_STEPS)
-                    loss = E.weighted_loss(losses(draft, outputs, teacher, mask)[0])
+                    loss = ttt_loss(losses(draft, outputs, teacher, mask)[0])
                 return torch.autograd.grad(loss, params)
             finally:
                 E.ttt_attention = eager_attention
@@ -91,7 +96,7 @@ def main() -> None:
 
         def run():
             with torch.autocast(device, dtype=torch.bfloat16):
-                loss = E.weighted_loss(compiled(draft))
+                loss = ttt_loss(compiled(draft))
             return torch.autograd.grad(loss, params)
 
         return run

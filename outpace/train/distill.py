@@ -481,6 +481,25 @@ def response_mask(starts: torch.Tensor, seq_len: int) -> torch.Tensor:
     return torch.arange(seq_len, device=starts.device)[None, :] + 1 >= starts[:, None]
 
 
+def weighted_loss(losses: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """The mean of a draft's losses (one a TTT step, block row or MTP layer) under ``weights``."""
+    return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
+
+
+def decayed_weights(count: int, decay: float) -> list[float]:
+    """Weight of part j = 0 .. count - 1: decay ** j (EAGLE3's TTT steps, SpecForge's ploss_weight; MTP layers)."""
+    return [decay**j for j in range(count)]
+
+
+def part_metrics(part: str, losses: list[torch.Tensor], top1: list, first: int = 0) -> dict:
+    """The loop's extra metrics of a step: each part's loss and top-1 agreement, "loss {part} {i}" and
+    "top1 {part} {i}" for i = first, first + 1, ..."""
+    return {
+        **{f"loss {part} {first + j}": l.detach() for j, l in enumerate(losses)},
+        **{f"top1 {part} {first + j}": a for j, a in enumerate(top1)},
+    }
+
+
 def masked_cross_entropy(
     student: torch.Tensor,
     teacher: torch.Tensor,

@@ -12,7 +12,7 @@ import torch
 from outpace.models.drafts.dflash import DFlashConfig, DFlashDraft
 from outpace.models.drafts.eagle3 import Eagle3Config, Eagle3Draft
 from outpace.models.loader import load_model
-from outpace.train.distill import teacher_forward
+from outpace.train.distill import decayed_weights, teacher_forward, weighted_loss
 from outpace.train.recipes import dflash as D
 from outpace.train.recipes import eagle3 as E
 from outpace.train.recipes import mtp as M
@@ -81,7 +81,7 @@ def test_compiled_eagle3_step_matches_eager():
 
     def step(d):
         losses, _ = E.ttt_losses(d, E.ttt_forward(d, embed, aux, tokens, ttt_steps), teacher, mask)
-        return E.weighted_loss(losses)
+        return weighted_loss(losses, decayed_weights(len(losses), E.STEP_DECAY))
 
     assert_compiled_matches_eager(draft, step)
 
@@ -115,7 +115,7 @@ def test_compiled_dflash_step_matches_eager():
 
     def step(d):
         losses, _ = D.block_losses(d, D.dflash_forward(d, embed, aux, tokens, anchors), teacher)
-        return D.weighted_loss(losses, 4.0)
+        return weighted_loss(losses, D.position_weights(len(losses) + 1, 4.0))
 
     assert_compiled_matches_eager(draft, step)
 
@@ -135,6 +135,6 @@ def test_compiled_mtp_step_matches_eager(mtp_toy_target):
         losses, _ = M.depth_losses(
             M.mtp_chain(target, mtp, hidden, tokens, chained=True), teacher, mask, soft=True
         )
-        return M.weighted_loss(losses, 1.0)
+        return weighted_loss(losses, decayed_weights(len(losses), 1.0))
 
     assert_compiled_matches_eager(layers, step)

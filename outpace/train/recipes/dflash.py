@@ -64,10 +64,12 @@ from outpace.models.loader import default_dtype
 from outpace.train.distill import (
     TrajectoryDistillRecipe,
     distillation_inputs,
+    part_metrics,
     prompt_source,
     soft_cross_entropy,
     teacher_forward,
     unused_files_note,
+    weighted_loss,
     window_source,
 )
 from outpace.train.evaluate import finish_with_heldout, heldout_section
@@ -365,11 +367,6 @@ def block_losses(
     return losses, top1
 
 
-def weighted_loss(losses: list[torch.Tensor], gamma: float) -> torch.Tensor:
-    weights = position_weights(len(losses) + 1, gamma)
-    return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
-
-
 # ---------------------------------------------------------------------------------------------
 # The recipe
 
@@ -453,11 +450,8 @@ def train_dflash(
             flat = (rows_t + torch.arange(b, device=device)[:, None, None] * t).reshape(-1)
             teacher = target.compute_logits(out.hidden_states[flat]).view(*rows_t.shape, -1)
         losses, top1 = objective(embed, aux[rows], tokens[rows], anchors[rows], teacher[rows])
-        extra = {
-            **{f"loss pos {i + 1}": l.detach() for i, l in enumerate(losses)},
-            **{f"top1 pos {i + 1}": a for i, a in enumerate(top1)},
-        }
-        return weighted_loss(losses, recipe.loss_gamma), tokens.numel(), extra
+        weights = position_weights(len(losses) + 1, recipe.loss_gamma)
+        return weighted_loss(losses, weights), tokens.numel(), part_metrics("pos", losses, top1, 1)
 
     history = train(
         objective,

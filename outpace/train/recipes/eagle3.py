@@ -56,12 +56,15 @@ from outpace.models.llama import check_aux_layer_ids
 from outpace.models.loader import default_dtype
 from outpace.train.distill import (
     TrajectoryDistillRecipe,
+    decayed_weights,
     distillation_inputs,
     masked_cross_entropy,
+    part_metrics,
     prompt_source,
     response_mask,
     teacher_forward,
     unused_files_note,
+    weighted_loss,
     window_source,
 )
 from outpace.train.evaluate import finish_with_heldout, heldout_section
@@ -345,11 +348,6 @@ def ttt_losses(
     return losses, top1
 
 
-def weighted_loss(losses: list[torch.Tensor], decay: float = STEP_DECAY) -> torch.Tensor:
-    weights = [decay**j for j in range(len(losses))]
-    return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
-
-
 # ---------------------------------------------------------------------------------------------
 # The recipe
 
@@ -444,11 +442,8 @@ def train_eagle3(
                 mask &= t2d_dev[logits.argmax(-1)]
             teacher = logits[..., vocab_dev]  # [b, T, draft_vocab]
         losses, top1 = objective(embed, aux, tokens[rows], teacher, mask)
-        extra = {
-            **{f"loss step {j}": l.detach() for j, l in enumerate(losses)},
-            **{f"top1 step {j}": a for j, a in enumerate(top1)},
-        }
-        return weighted_loss(losses, recipe.step_decay), tokens.numel(), extra
+        weights = decayed_weights(len(losses), recipe.step_decay)
+        return weighted_loss(losses, weights), tokens.numel(), part_metrics("step", losses, top1)
 
     history = train(
         objective,

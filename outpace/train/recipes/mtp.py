@@ -37,12 +37,15 @@ from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import unpack_projections
 from outpace.train.distill import (
     TrajectoryDistillRecipe,
+    decayed_weights,
     distillation_inputs,
     masked_cross_entropy,
+    part_metrics,
     prompt_source,
     response_mask,
     teacher_forward,
     unused_files_note,
+    weighted_loss,
 )
 from outpace.train.evaluate import finish_with_heldout, heldout_section
 from outpace.train.export import common_metrics
@@ -122,11 +125,6 @@ def depth_losses(
         losses.append(loss)
         top1.append(agree)
     return losses, top1
-
-
-def weighted_loss(losses: list[torch.Tensor], decay: float) -> torch.Tensor:
-    weights = [decay**k for k in range(len(losses))]
-    return sum(w * l for w, l in zip(weights, losses)) / sum(weights)
 
 
 def trainable_mtp(mtp_layers, num_layers: int) -> torch.nn.ModuleList:
@@ -257,11 +255,8 @@ def _fine_tune(
             teacher = target.compute_logits(hidden).view(b, t, -1)[rows]  # [b, T, vocab]
         mine = hidden.view(b, t, -1)[rows].flatten(0, 1)  # [b * T, hidden] pre-norm
         losses, top1 = objective(mine, tokens[rows], teacher, response_mask(starts[rows], t))
-        extra = {
-            **{f"loss layer {k}": l.detach() for k, l in enumerate(losses)},
-            **{f"top1 layer {k}": a for k, a in enumerate(top1)},
-        }
-        return weighted_loss(losses, recipe.depth_decay), tokens.numel(), extra
+        weights = decayed_weights(len(losses), recipe.depth_decay)
+        return weighted_loss(losses, weights), tokens.numel(), part_metrics("layer", losses, top1)
 
     history = train(
         objective,
