@@ -33,6 +33,8 @@ import torch
 import triton
 
 from outpace.layers import moe_kernels as mk
+from outpace.layers.expert_blocks import align
+from outpace.layers.grouped_experts import grouped_experts
 from outpace.layers.quant.experts import QuantizedShared, slot_views
 from outpace.layers.quant.moe_quant_kernels import ExpertScales, fp8_block_grouped_experts
 
@@ -42,7 +44,7 @@ DEVICE, DTYPE = "cuda", torch.bfloat16
 LAYERS = 4
 REPLAYS = 20
 TOKENS = (1, 2, 4, 8)
-KERNELS = ("_gate_up_kernel", "_down_kernel")
+KERNELS = ("expert_gate_up_kernel", "expert_down_kernel")
 # (gate/up tiles, down tiles), each (BLOCK_N, BLOCK_K, warps, stages); the shipped pair first
 SETTINGS = [
     (mk.few_token_gate_up, mk.few_token_down),
@@ -138,7 +140,7 @@ def make_routing(shape: Shape, tokens: int, gen: torch.Generator, device):
         ]
     weights = torch.rand(tokens, shape.top_k, generator=gen).to(device)
     ids = ids.to(device)
-    return weights, ids, mk.align(ids, shape.local_experts, shape.shared)
+    return weights, ids, align(ids, shape.local_experts, shape.shared)
 
 
 def run(shape: Shape, layer: dict, x: torch.Tensor, routing, tiles) -> torch.Tensor:
@@ -148,7 +150,7 @@ def run(shape: Shape, layer: dict, x: torch.Tensor, routing, tiles) -> torch.Ten
     skipped = shape.ranks > 1
     with patch.object(mk, "one_token_cuda_cores", False):
         if shape.stacked:
-            return mk.grouped_experts(
+            return grouped_experts(
                 x, weights, ids, layer["gate"], layer["up"], layer["down"], tiles=tiles, layout=layout,
                 skipped_slots=skipped, quant=layer["scales"],
             )  # fmt: skip
@@ -223,7 +225,7 @@ def sweep_point(shape: Shape, layers: list[dict], tokens: int, seed: int) -> dic
         graphs.append(graph)
     settings = []
     for (tiles, err), us in zip(measured, kernel_times(graphs)):
-        up_us, down_us = us["_gate_up_kernel"], us["_down_kernel"]
+        up_us, down_us = us["expert_gate_up_kernel"], us["expert_down_kernel"]
         settings.append(
             dict(
                 gate_up=tiles[0], down=tiles[1], shipped=tiles == SETTINGS[0], error=err,

@@ -1,4 +1,4 @@
-"""The grouped-expert kernels (layers/moe_kernels.py ``grouped_experts``) over blocks of a few tokens, at the MoE
+"""The grouped-expert kernels (layers/grouped_experts.py over layers/moe_kernels.py) over blocks of a few tokens, at the MoE
 families' expert shapes, for a set of gate/up and down tiles (``few_token_gate_up`` / ``few_token_down``:
 BLOCK_N, BLOCK_K, warps, stages): each kernel's candidates with the other kernel at its default. Each time is
 one call's share of a CUDA graph of 4 calls on 4 distinct layers' expert stacks (random ids, distinct experts a
@@ -16,6 +16,8 @@ import torch
 from triton.testing import do_bench
 
 from outpace.layers import moe_kernels as mk
+from outpace.layers.expert_blocks import align
+from outpace.layers.grouped_experts import grouped_experts
 
 LAYERS = 4
 BANDWIDTH = 4.8e12  # the H200's HBM3e, bytes/s
@@ -77,13 +79,13 @@ def main(out: str | None = None) -> None:
             ]
             weights = torch.rand(tokens, top_k + shared, device=device)
             x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
-            layouts = [mk.align(i, experts, shared) for i in ids]
+            layouts = [align(i, experts, shared) for i in ids]
             distinct = sum(len(set(i.flatten().tolist())) + shared for i in ids) / LAYERS
             floor_us = distinct * 3 * inter * hidden * 2 / BANDWIDTH * 1e6
 
             def call(i: int) -> torch.Tensor:
                 w = layers[i]
-                return mk.grouped_experts(
+                return grouped_experts(
                     x, weights, ids[i], w["gate"], w["up"], w["down"], activation=act,
                     shared=w.get("shared"), layout=layouts[i],
                 )  # fmt: skip

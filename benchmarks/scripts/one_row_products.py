@@ -31,7 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fp8_projection_settings import CALLS, graph_us  # noqa: E402
 
 from outpace.layers import moe_kernels as mk  # noqa: E402
+from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.fused_projection import project_rows  # noqa: E402
+from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
 from outpace.layers.quant import quant_matmul_kernel as qm  # noqa: E402
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block  # noqa: E402
 from outpace.layers.quant.moe_quant_kernels import fp8_block_grouped_experts  # noqa: E402
@@ -180,7 +182,7 @@ def expert_rows(device) -> list[dict]:
         ]
         weights = torch.rand(1, top_k, device=device)
         x = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
-        layouts = [mk.align(i, experts) for i in ids]
+        layouts = [align(i, experts) for i in ids]
         floor = top_k * 3 * inter * hidden * (1 if fp8 else 2) / HBM_BYTES_PER_S * 1e6
 
         def call(i: int) -> torch.Tensor:
@@ -190,7 +192,7 @@ def expert_rows(device) -> list[dict]:
                     x, weights, ids[i], w["gate_up"], w["gate_up_s"], w["down"], w["down_s"],
                     activation=act, layout=layouts[i],
                 )  # fmt: skip
-            return mk.grouped_experts(
+            return grouped_experts(
                 x, weights, ids[i], w["gate"], w["up"], w["down"], activation=act, layout=layouts[i]
             )
 

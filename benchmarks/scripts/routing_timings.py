@@ -23,7 +23,7 @@ import torch
 
 from outpace.bench.graph_timing import graph_call_us
 from outpace.layers import moe_routing_kernel as kernels
-from outpace.layers.moe_kernels import align
+from outpace.layers.expert_blocks import align
 from outpace.layers.router import Routing
 
 CALLS = 50

@@ -264,7 +264,7 @@ def time_moe_layers(moes: list[MoE], tokens: int, bandwidth: float) -> dict:
     - ``block_seconds``: the whole MoE block on the kernels (routing kernels with the layout, the same
       grouped kernels), against its own distinct experts (the router's choice) plus the router weight;
     - ``eager_loop_seconds``: run_experts (one call per expert in use, a host sync) plus the shared MLP."""
-    from outpace.layers.moe_kernels import grouped_experts
+    from outpace.layers.grouped_experts import grouped_experts
 
     first = moes[0]
     r, hidden = first.gate.routing, first.gate.weight.shape[1]

@@ -37,7 +37,7 @@ SORT_CHUNK = 64  # pairs per step of ``sort_pairs_into_blocks``: [64, 64] compar
 
 def block_rows(tokens: int) -> int:
     """BLOCK_M for a call over ``tokens`` tokens (module docstring). In batch-invariant mode the small blocks
-    whatever the count: the block's size picks the tiles (layers/moe_kernels.py ``_tiles``), and so the order in which a row's sums
+    whatever the count: the block's size picks the tiles (layers/moe_kernels.py ``expert_tiles``), and so the order in which a row's sums
     over K run, so a token gets the same bits in a decode step and among a prefill's or a wide verify's."""
     if batch_invariant():
         return SMALL_BLOCK_M

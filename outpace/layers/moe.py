@@ -420,9 +420,9 @@ class RoutedExperts(nn.Module):
             if kernel_ready is not None:
                 return out  # (NormedRows)
         elif self.uses_kernels(x):
-            from outpace.layers import moe_kernels  # Triton: CUDA installs only
+            from outpace.layers.grouped_experts import grouped_experts  # Triton: CUDA installs only
 
-            out = moe_kernels.grouped_experts(
+            out = grouped_experts(
                 x,
                 weights,
                 ids,

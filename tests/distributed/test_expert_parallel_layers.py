@@ -141,13 +141,13 @@ def refuse_eager_routing(monkeypatch, tokens: int) -> None:
     """Make the torch routing steps a rank's kernel path must not take raise: ``ExpertPlacement.local_ids``,
     ``align`` inside the grouped kernels and, up to 64 tokens (the routing kernel lays out), the routing's
     own ``align``."""
-    from outpace.layers import moe_kernels, moe_routing_kernel
+    from outpace.layers import grouped_experts, moe_routing_kernel
 
     def refused(*_args, **_kwargs):
         raise AssertionError("an expert-parallel rank's routing took an eager step")
 
     monkeypatch.setattr(ExpertPlacement, "local_ids", refused)
-    monkeypatch.setattr(moe_kernels, "align", refused)
+    monkeypatch.setattr(grouped_experts, "align", refused)
     if tokens <= moe_routing_kernel.FUSED_LAYOUT_TOKENS:
         monkeypatch.setattr(moe_routing_kernel, "align", refused)
 

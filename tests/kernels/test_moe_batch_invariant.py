@@ -1,6 +1,6 @@
 """The MoE kernels in batch-invariant mode (EngineConfig.batch_invariant): a token's router logits (layers/
 moe_routing_kernel.py ``router_logits``, their splits summed in order) and its grouped experts' output (layers/
-moe_kernels.py ``grouped_experts``) get the same bits alone and among many tokens, past the few-token paths'
+grouped_experts.py) get the same bits alone and among many tokens, past the few-token paths'
 bounds (16 tokens for the logits, 64 for the experts' blocks), and wherever the token sits in the batch. In
 Triton's interpreter (float32, its dots row by row: tests/conftest.py) and on the GPU (bf16)."""
 
@@ -12,13 +12,9 @@ import torch
 pytest.importorskip("triton")
 
 from outpace.attention.context import forward_settings  # noqa: E402
-from outpace.layers.moe_kernels import (  # noqa: E402
-    _tiles,
-    block_rows,
-    grouped_experts,
-    one_token_rows,
-    pairs_apart,
-)
+from outpace.layers.expert_blocks import block_rows  # noqa: E402
+from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
+from outpace.layers.moe_kernels import expert_tiles, one_token_rows, pairs_apart  # noqa: E402
 from outpace.layers.moe_routing_kernel import (  # noqa: E402
     router_logits,
     select_experts,
@@ -95,10 +91,10 @@ def test_a_readied_token_does_not_depend_on_the_batch(monkeypatch):
     """``ready`` (the output added to the stream and readied for the next norm): the stream, its normed rows and
     its parts of the sum of squares, alone and among many. The combine's column blocks (the parts) follow
     the token count outside the mode; with an H200's 132 SMs, 16 tokens of 2048 columns took 8 blocks where one
-    took 16 (``_combine_block``)."""
-    from outpace.layers import moe_kernels
+    took 16 (grouped_experts.py ``_combine_block``)."""
+    from outpace.layers import grouped_experts as launcher
 
-    monkeypatch.setattr(moe_kernels, "num_sms", lambda device: 132)
+    monkeypatch.setattr(launcher, "num_sms", lambda device: 132)
     hidden, inter, experts, top_k, n = 2048, 16, 6, 2, max(TOKEN_COUNTS)
     x, stream = _rand(n, hidden, seed=9), _rand(n, hidden, seed=10)
     norm_weight = _rand(hidden, seed=11)
@@ -163,8 +159,8 @@ def test_the_expert_tiles_do_not_depend_on_the_token_count_in_the_mode():
     tokens' pairs in the layout's blocks (PAIRS APART)."""
     with forward_settings(batch_invariant=True):
         for fmt in ("none", "fp8_block", "int4_group"):
-            assert {_tiles(block_rows(n), False, fmt) for n in (1, 64, 65, 4096)} == {
-                _tiles(block_rows(1), False, fmt)
+            assert {expert_tiles(block_rows(n), False, fmt) for n in (1, 64, 65, 4096)} == {
+                expert_tiles(block_rows(1), False, fmt)
             }
         assert not one_token_rows(1, "fp8_block", 2048)
         assert not pairs_apart(2, "int4_group", 7168, 2048)  # (nor a few tokens' pairs apart)

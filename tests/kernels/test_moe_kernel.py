@@ -27,6 +27,7 @@ pytest.importorskip("triton")
 from outpace.layers.activation import ACTIVATIONS  # noqa: E402
 from outpace.layers.decoder import GatedMLP, pack_projections  # noqa: E402
 from outpace.layers.expert_blocks import _align_kernel, align, block_rows, max_blocks  # noqa: E402
+from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
 from outpace.layers.linear import project  # noqa: E402
 from outpace.layers.moe import (  # noqa: E402
     ExpertActivation,
@@ -35,7 +36,6 @@ from outpace.layers.moe import (  # noqa: E402
     run_experts,
     shared_expert_stacks,
 )
-from outpace.layers.moe_kernels import grouped_experts  # noqa: E402
 from outpace.layers.router import Routing  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -436,12 +436,12 @@ def test_the_kernels_take_the_activation_they_are_given():
 
 def test_the_kernels_serve_cuda_tensors_without_autograd_only(monkeypatch):
     """They have no backward: with autograd on (training) the experts run eagerly even on CUDA."""
-    import outpace.layers.moe_kernels as kernels
+    import outpace.layers.grouped_experts as launcher
 
     experts = routed_experts("modules", ExpertActivation("silu"))
     calls = []
     monkeypatch.setattr(
-        kernels, "grouped_experts", lambda *a, **k: calls.append(1) or run_experts(*a[:3], experts)
+        launcher, "grouped_experts", lambda *a, **k: calls.append(1) or run_experts(*a[:3], experts)
     )
     x = torch.randn(3, 24, device=DEVICE, requires_grad=True)
     weights, ids = routing_of(3, 6, 2, shared=True, seed=0)

@@ -39,7 +39,7 @@ from outpace.layers.quant.experts import QuantizedShared, slot_views
 from outpace.layers.quant.moe_quant_kernels import (
     ExpertScales, fp8_block_grouped_experts, int4_group_grouped_experts
 )
-from outpace.layers import moe_kernels as mk, moe_routing_kernel as rk
+from outpace.layers import grouped_experts as ge, moe_kernels as mk, moe_routing_kernel as rk
 from outpace.layers.expert_blocks import BlockLayout
 
 def build(kernel, types, constants, num_warps=4, num_stages=2):
@@ -61,23 +61,23 @@ experts = {
 }
 tiles = dict(TOP_K=6, SLOTS=8, BLOCK_M=16, ROWS=16, PAIRS_APART=False, GROUP=128, BLOCK_N=64, BLOCK_K=128, K_TILED=True, PRECISION="tf32", FORMAT="none",
              SCALE_BN=1, SCALE_BK=1, PDL=True)
-build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
-build(mk._gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
-build(mk._down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
+build(mk.expert_gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=False), 4, 3)
+build(mk.expert_gate_up_kernel, experts, dict(tiles, ACT="silu", GATED=True, CLAMP=False, ROW_SCALE=True), 4, 3)
+build(mk.expert_down_kernel, experts, dict(tiles, WEIGHTED_SLOTS=6), 4, 3)
 combine = {**experts, **pointers(["stream_ptr", "addend_ptr", "norm_w_ptr", "normed_ptr"], "*bf16"),
            "sq_ptr": "*fp32", "norm_offset": "fp32"}
-build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False, READY=False,
+build(mk.expert_combine_kernel, combine, dict(SLOTS=8, TOP_K=6, SKIPS=True, APART=False, READY=False,
       ADDEND=False, BLOCK_H=1024, PDL=True))  # (an expert-parallel rank's: slots of other ranks' experts skipped)
-build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True, READY=False,
+build(mk.expert_combine_kernel, combine, dict(SLOTS=11, TOP_K=8, SKIPS=False, APART=True, READY=False,
       ADDEND=False, BLOCK_H=1024, PDL=True))  # (Gemma 4's dense MLP apart: 3 shared slots)
-build(mk._combine_kernel, combine, dict(SLOTS=11, TOP_K=10, SKIPS=False, APART=False, READY=True,
+build(mk.expert_combine_kernel, combine, dict(SLOTS=11, TOP_K=10, SKIPS=False, APART=False, READY=True,
       ADDEND=False, BLOCK_H=128, PDL=True))  # (Qwen3-Next's on the fused stack: the stream readied for the next norm)
-build(mk._combine_kernel, combine, dict(SLOTS=8, TOP_K=8, SKIPS=False, APART=False, READY=True,
+build(mk.expert_combine_kernel, combine, dict(SLOTS=8, TOP_K=8, SKIPS=False, APART=False, READY=True,
       ADDEND=True, BLOCK_H=128, PDL=True))  # (Kimi-K2-Thinking's: its bf16 shared expert's output added too)
 
 def launched(run):
     '''{kernel name: (args, keywords)} of the grouped kernels ``run`` launches (the last launch of each).'''
-    launches = launches_of(mk, ("_gate_up_kernel", "_down_kernel", "_combine_kernel"), run)
+    launches = launches_of(ge, ("expert_gate_up_kernel", "expert_down_kernel", "expert_combine_kernel"), run)
     return {n: calls[-1] for n, calls in launches.items()}
 
 def fp8(*shape):
@@ -93,7 +93,7 @@ def step_flash(tokens=1, experts=2, hidden=4096, inter=1280):
                          scales(experts, 32, 10))
     x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
     ids = torch.full((tokens, 8), -1, dtype=torch.int32)
-    mk.grouped_experts(x, torch.empty(tokens, 8), ids, fp8(experts, inter, hidden), fp8(experts, inter, hidden),
+    ge.grouped_experts(x, torch.empty(tokens, 8), ids, fp8(experts, inter, hidden), fp8(experts, inter, hidden),
                        fp8(experts, hidden, inter), layout=BlockLayout.empty(tokens, 8, experts, "cpu"),
                        skipped_slots=True, quant=quant)
 
@@ -114,7 +114,7 @@ for (name, run), tokens in itertools.product(
     (("step-3.5-flash", step_flash), ("deepseek-v2-lite", deepseek_v2_lite)), (1, 2)
 ):
     launches = launched(lambda: run(tokens))
-    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+    for kernel in (mk.expert_gate_up_kernel, mk.expert_down_kernel):
         args, kwargs = launches[kernel.__name__]
         for pdl in (False, True):  # (moe_kernels.quantized_pdl: the launch with the dependent launch too)
             compiled = compile_as_launched(kernel, args, {**kwargs, "PDL": pdl})
@@ -126,18 +126,18 @@ for (name, run), tokens in itertools.product(
             ok = "0 bytes spill stores" in report and streams and pdl == ("griddepcontrol.wait" in ptx)
             print(f"{kernel.__name__}:fp8_block:{name}:{tokens}:pdl={pdl}", ok)
 def bf16_stacks(tokens, experts=8, hidden=2048, inter=768):
-    '''Qwen3-30B-A3B's bf16 experts (gate and up views of one packed stack): moe_kernels.grouped_experts' launch
+    '''Qwen3-30B-A3B's bf16 experts (gate and up views of one packed stack): grouped_experts.grouped_experts' launch
     at the few-token tiles (mk.few_token_gate_up, mk.few_token_down).'''
     packed = torch.empty(experts, 2 * inter, hidden, dtype=torch.bfloat16)
     x = torch.empty(tokens, hidden, dtype=torch.bfloat16)
     ids = torch.zeros(tokens, 8, dtype=torch.int32)
-    mk.grouped_experts(x, torch.empty(tokens, 8), ids, packed[:, :inter], packed[:, inter:],
+    ge.grouped_experts(x, torch.empty(tokens, 8), ids, packed[:, :inter], packed[:, inter:],
                        torch.empty(experts, hidden, inter, dtype=torch.bfloat16),
                        layout=BlockLayout.empty(tokens, 8, experts, "cpu"))
 
 for tokens in (1, 8):  # the 16-row tiles on the tensor cores, weights streamed through cp.async, no spills
     launches = launched(lambda: bf16_stacks(tokens))
-    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+    for kernel in (mk.expert_gate_up_kernel, mk.expert_down_kernel):
         args, kwargs = launches[kernel.__name__]
         compiled = compile_as_launched(kernel, args, kwargs)
         report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
@@ -157,7 +157,7 @@ def kimi_k2_int4(tokens=1, experts=4, hidden=7168, inter=2048, group=32):
 
 for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles by PTX (weight_tiles.int4_tile_by_ptx: lop3 and bf16x2 fmas)
     launches = launched(lambda: kimi_k2_int4(tokens))
-    for kernel in (mk._gate_up_kernel, mk._down_kernel):
+    for kernel in (mk.expert_gate_up_kernel, mk.expert_down_kernel):
         args, kwargs = launches[kernel.__name__]
         compiled = compile_as_launched(kernel, args, kwargs)
         report, ptx = ptxas_report(compiled), compiled.asm["ptx"]
@@ -222,23 +222,23 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
 
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    names = ["_gate_up_kernel"] * 2 + ["_down_kernel"] + ["_combine_kernel"] * 4
+    names = ["expert_gate_up_kernel"] * 2 + ["expert_down_kernel"] + ["expert_combine_kernel"] * 4
     names += [
         f"{kernel}:fp8_block:{family}:{tokens}:pdl={pdl}"
         for family in ("step-3.5-flash", "deepseek-v2-lite")
         for tokens in (1, 2)
-        for kernel in ("_gate_up_kernel", "_down_kernel")
+        for kernel in ("expert_gate_up_kernel", "expert_down_kernel")
         for pdl in (False, True)
     ]
     names += [
         f"{kernel}:bf16:qwen3-30b-a3b:{tokens}"
         for tokens in (1, 8)
-        for kernel in ("_gate_up_kernel", "_down_kernel")
+        for kernel in ("expert_gate_up_kernel", "expert_down_kernel")
     ]
     names += [
         f"{kernel}:int4_group:kimi-k2:{tokens}"
         for tokens in (1, 2, apart["int4_group"] + 1)
-        for kernel in ("_gate_up_kernel", "_down_kernel")
+        for kernel in ("expert_gate_up_kernel", "expert_down_kernel")
     ]
     names += [
         "_router_logits_kernel"

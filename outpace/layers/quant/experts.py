@@ -311,7 +311,7 @@ class QuantizedExpertStacks:
         """moe_quant_kernels.py's grouped experts over the stacks: x [n, H], weights [n, top_k] float32 (or
         [n, top_k + S] with the shared slots'), ids [n, top_k] -> [n, H] in x's dtype, the output of
         ``shared``'s slots included (``quantized_shared_stacks``); ``ready`` and ``row_scale``: the fused
-        residual stack's (layers/moe_kernels.py grouped_experts: then ``NormedRows``)."""
+        residual stack's (layers/grouped_experts.py: then ``NormedRows``)."""
         from outpace.layers.quant import moe_quant_kernels as kernels  # Triton: CUDA installs only
 
         common = dict(
@@ -543,7 +543,7 @@ def run_quantized_stacks(
             x, weights, ids, activation.kernel, activation.limit, layout, skipped_slots,
             ready=ready, row_scale=row_scale,
         )  # fmt: skip
-    from outpace.layers.moe_kernels import grouped_experts  # Triton: CUDA installs only
+    from outpace.layers.grouped_experts import grouped_experts  # Triton: CUDA installs only
     from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
     gate = experts.gate_proj if experts.activation.gated else None

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from outpace.layers.expert_blocks import BlockLayout
-from outpace.layers.moe_kernels import Tiles, grouped_experts
+from outpace.layers.grouped_experts import grouped_experts
+from outpace.layers.moe_kernels import Tiles
 from outpace.layers.normed_rows import NormedRows
 from outpace.layers.quant.weight_tiles import INT4_PACK
 
@@ -47,7 +48,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 
 @dataclass(frozen=True)
 class ExpertScales:
-    """The scales of quantized expert stacks, as moe_kernels.grouped_experts reads them (``quant``)."""
+    """The scales of quantized expert stacks, as grouped_experts.grouped_experts reads them (``quant``)."""
 
     fmt: str  # "fp8_block" or "int4_group"
     scale_block: tuple[int, int]  # (rows, columns) one scale covers: (bn, bk), or (1, group)
@@ -130,7 +131,7 @@ def fp8_block_grouped_experts(
     ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | NormedRows:
-    """moe_kernels.grouped_experts over block-FP8 stacks (module docstring), with ``shared``'s slots: x
+    """grouped_experts.grouped_experts over block-FP8 stacks (module docstring), with ``shared``'s slots: x
     [n, H], weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype.
     ``tiles``: the kernels' tiles forced; ``ready``, ``row_scale``: the fused residual stack's (grouped_experts,
     which then returns ``NormedRows``)."""
@@ -203,7 +204,7 @@ def int4_group_grouped_experts(
     ready: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor | NormedRows:
-    """moe_kernels.grouped_experts over INT4 stacks (module docstring), with ``shared``'s slots: x [n, H],
+    """grouped_experts.grouped_experts over INT4 stacks (module docstring), with ``shared``'s slots: x [n, H],
     weights [n, top_k] (or [n, top_k + S]) float32, ids [n, top_k] -> [n, H] in x's dtype; ``ready``,
     ``row_scale`` as ``fp8_block_grouped_experts``'."""
     experts, hidden = down.shape[:2]
@@ -247,7 +248,7 @@ def _grouped(
     ready=None,
     row_scale=None,
 ) -> torch.Tensor | NormedRows:
-    """moe_kernels.grouped_experts over the routed stacks, with the shared MLP's slots (views of its own
+    """grouped_experts.grouped_experts over the routed stacks, with the shared MLP's slots (views of its own
     weights and scales) when ``shared`` is given: its scales of one routed expert's shape and dtype each (the
     kernels take a slot's scales from either by the same pointer type) and, where a scale row has more than
     one column, of the routed scales' column stride (the kernels read both with it)."""
