@@ -104,7 +104,7 @@ class StructuredOutputs(_Body):
         return {name: value for name, value in values.items() if value is not None}
 
 
-class _SamplingFields(_Body):
+class SamplingFields(_Body):
     """What completions and chat completions share."""
 
     model: str | None = None
@@ -252,7 +252,7 @@ class _SamplingFields(_Body):
         return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     # str | list[str] | list[int] | list[list[int]]; checked by ``prompts()`` with precise messages.
     prompt: Any = None
     # NOTE: 0 only with echo: the prompt (and its log-probabilities) alone, as lm-evaluation-harness asks.
@@ -360,7 +360,7 @@ def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
     return out
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None

@@ -13,7 +13,7 @@ from outpace.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
-    _SamplingFields,
+    SamplingFields,
     bad_request,
     conversation,
 )
@@ -90,7 +90,7 @@ class RequestInputs:
         tok = self.engine.tokenizer
         return [tok.encode(text, add_special_tokens=body.add_special_tokens)], [text]
 
-    def sampling_params(self, body: _SamplingFields, prompt_len: int, param: str) -> SamplingParams:
+    def sampling_params(self, body: SamplingFields, prompt_len: int, param: str) -> SamplingParams:
         """The body's sampling fields for a prompt of ``prompt_len`` tokens; ``param`` names the
         prompt's field when the prompt leaves no room to generate."""
         max_model_len, limit = self.engine.max_model_len, self.max_tokens_limit
@@ -150,7 +150,7 @@ class RequestInputs:
             raise bad_request(str(e).removeprefix("SamplingParams."), field) from None
 
     def engine_requests(
-        self, body: _SamplingFields, job_id: str, prompt_ids: list[list[int]], param: str
+        self, body: SamplingFields, job_id: str, prompt_ids: list[list[int]], param: str
     ) -> list:
         """``body.sequences_per_prompt`` engine requests per prompt, ids ``{job_id}-{choice}``; a
         seeded body's choice c of a prompt samples with seed + c."""
@@ -167,7 +167,7 @@ class RequestInputs:
 
     def _new_request(
         self,
-        body: _SamplingFields,
+        body: SamplingFields,
         ids: list[int],
         params: SamplingParams,
         request_id: str,

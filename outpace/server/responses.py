@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from outpace.request import PositionLogprobs, RequestOutput
-from outpace.server.protocol import _SamplingFields
+from outpace.server.protocol import SamplingFields
 from outpace.speculative.metrics import SpecMetrics
 
 LOGPROB_FLOOR = -9999.0
@@ -102,7 +102,7 @@ class Job:
     def __init__(
         self,
         chat: bool,
-        body: _SamplingFields,
+        body: SamplingFields,
         prompt_ids: list[list[int]],
         prompt_texts: list[str],
         model: str,
