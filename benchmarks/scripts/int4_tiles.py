@@ -4,7 +4,7 @@ one GPU: the grouped experts' gate/up and down kernels (layers/moe_kernels.py ``
 ``few_row_tiles``) at a few rows, for candidate (BLOCK_N, BLOCK_K, warps, stages).
 
 - Experts: Kimi-K2's / DeepSeek-V3's (hidden 7168, intermediate 2048, top 8) over STACKED experts, each token's
-  8 distinct; one call's microseconds (bench/quant_kernels.py ``time_us``: captured, L2 flushed between calls) and
+  8 distinct; one call's microseconds (bench/graph_timing.py ``captured_call_us``: captured, L2 flushed between calls) and
   TB/s of the distinct experts' packed bytes and scales. A setting pairs a gate/up candidate with a down one.
 - Dense: products of (N, K) at 1, 8 and 16 rows, microseconds and TB/s of the packed bytes and scales.
 Every setting's output is checked against the shipped setting's first (the same dequantized values; K steps of
@@ -23,7 +23,8 @@ import time
 
 import torch
 
-from outpace.bench.quant_kernels import random_int4, time_us
+from outpace.bench.graph_timing import captured_call_us
+from outpace.bench.quant_kernels import random_int4
 from outpace.layers import moe_kernels as mk
 from outpace.layers.quant import quant_matmul_kernel as qm
 from outpace.layers.quant.int4_linear_kernel import int4_group_linear
@@ -81,7 +82,7 @@ def checked_us(call, reference: torch.Tensor | None) -> tuple[torch.Tensor, floa
     and the microseconds a call takes."""
     out = call().float()
     err = 0.0 if reference is None else ((out - reference).norm() / reference.norm()).item()
-    return out, err, time_us(call)
+    return out, err, captured_call_us(call)
 
 
 def experts_sweep(tokens_list: list[int]) -> list[dict]:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from outpace.bench.quant_kernels import random_fp8, time_us
+from outpace.bench.graph_timing import captured_call_us
+from outpace.bench.quant_kernels import random_fp8
 from outpace.layers import moe_kernels as mk
 from outpace.layers.quant.moe_quant_kernels import ExpertScales
 
@@ -76,7 +77,7 @@ def shape_rows(name: str, gen: torch.Generator) -> list[dict]:
                             x, weights, i, gate, up, down, quant=scales, layout=layout
                         )
 
-                us = time_us(calls) / CALLS
+                us = captured_call_us(calls) / CALLS
                 rows.append(
                     dict(shape=name, packed=packed, tokens=tokens, order=order, apart=apart, us=us)
                 )

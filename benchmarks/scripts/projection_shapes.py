@@ -1,7 +1,7 @@
 """The plain few-row projections of the seed families (the ones layers/linear.py ``project`` serves, not folded
 into a neighbour): cuBLAS, the skinny kernel (layers/skinny_gemm.py) and the fused projections' plain kernel
 (layers/fused_projection.py ``project_rows``), GPU time of one call captured in a CUDA graph with L2 flushed
-(bench/skinny.py ``_us``), at 1, 8 and 16 rows. Shapes (outputs, inputs) from the configs of
+(bench/graph_timing.py ``captured_call_us``), at 1, 8 and 16 rows. Shapes (outputs, inputs) from the configs of
 bench/family_shapes.py. ``PYTHONPATH=. python3 benchmarks/scripts/projection_shapes.py [OUT.json]``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from outpace.bench.skinny import _us
+from outpace.bench.graph_timing import captured_call_us
 from outpace.layers.fused_projection import project_rows
 from outpace.layers.skinny_gemm import skinny_linear
 
@@ -53,9 +53,9 @@ def main(out: str | None = None) -> None:
                 err = ((fn(x, w).float() - ref).norm() / ref.norm()).item()
                 assert err < 1e-2, f"{fn.__name__} at {name}, {m} rows: relative error {err}"
             us = {
-                "cublas": _us(lambda: F.linear(x, w)),
-                "skinny": _us(lambda: skinny_linear(x, w)),
-                "plain": _us(lambda: project_rows(x, w)),
+                "cublas": captured_call_us(lambda: F.linear(x, w)),
+                "skinny": captured_call_us(lambda: skinny_linear(x, w)),
+                "plain": captured_call_us(lambda: project_rows(x, w)),
             }
             rows.append({"shape": name, "n": n, "k": k, "rows": m, "us": us})
             tbs = " / ".join(f"{gb / t * 1e3:.2f}" for t in us.values())

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from outpace.attention import PagedAttentionMetadata, build_paged_metadata
 from outpace.attention.torch_backend import TorchAttentionBackend
+from outpace.bench.graph_timing import captured_call_us
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 KINDS = {"decode": 1, "verify": 6, "tree": 16}  # query tokens per sequence
@@ -145,12 +146,7 @@ def _time_us(fn, device: torch.device) -> float:
     """Median microseconds per call: on CUDA the GPU time of the call captured in a CUDA graph (as the
     engine runs it: without the host's launch overhead), via do_bench; wall clock elsewhere (smoke runs)."""
     if device.type == "cuda":
-        from triton.testing import do_bench
-
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        return do_bench(graph.replay, return_mode="median") * 1e3
+        return captured_call_us(fn)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()

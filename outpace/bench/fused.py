@@ -8,7 +8,7 @@ import itertools
 
 import torch
 
-from outpace.bench.skinny import _us
+from outpace.bench.graph_timing import captured_call_us
 from outpace.layers import fused_projection as fp
 from outpace.layers.fused_rows_kernel import PLAIN, QKV, SWIGLU
 
@@ -109,8 +109,8 @@ def run(m: int = 1) -> None:
     )
     for name, (w, x, fn) in _calls(m).items():
         gb = w.numel() * 2 / 1e9
-        skinny = _us(lambda: skinny_linear(x, w))
-        default = _us(lambda: fn(None))
+        skinny = captured_call_us(lambda: skinny_linear(x, w))
+        default = captured_call_us(lambda: fn(None))
         paired = name in ("qkv", "gate_up")
         best = (float("inf"), None)
         for bn, bk, warps, stages in itertools.product(
@@ -118,7 +118,11 @@ def run(m: int = 1) -> None:
         ):
             try:
                 best = min(
-                    best, (_us(lambda: fn((bn, bk, warps, stages, None))), (bn, bk, warps, stages))
+                    best,
+                    (
+                        captured_call_us(lambda: fn((bn, bk, warps, stages, None))),
+                        (bn, bk, warps, stages),
+                    ),
                 )
             except Exception as e:  # a config that does not compile (shared memory, registers)
                 print(f"  {type(e).__name__} for {(bn, bk, warps, stages)}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from outpace.bench.graph_timing import captured_call_us
+
 # (N, K) of each product. DeepSeek-V3 (config.json: hidden 7168, q_lora_rank 1536, kv_lora_rank 512 +
 # qk_rope_head_dim 64, 128 heads of 192 query / 128 value dims, moe_intermediate 2048, dense intermediate
 # 18432); Qwen3-Next-80B-A3B (hidden 2048, 16 query heads and 2 KV heads of 256 dims with the output gate,
@@ -35,17 +37,6 @@ SHAPES = {
     },
 }
 ROWS = (1, 8, 32, 64)
-
-
-def time_us(fn) -> float:
-    """Median GPU microseconds of ``fn`` replayed from a CUDA graph (compiled and captured first)."""
-    from triton.testing import do_bench
-
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, return_mode="median") * 1e3
 
 
 def random_fp8(shape: tuple[int, ...], device="cuda") -> torch.Tensor:
@@ -93,14 +84,14 @@ def report_linear(shapes: dict = SHAPES, rows=ROWS, formats=("fp8", "int4")) -> 
             }
             for m in rows:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                bf16 = time_us(lambda: F.linear(x, w))
+                bf16 = captured_call_us(lambda: F.linear(x, w))
                 print(
                     f"{model:>12} {name:>15} {m:>3} {bf16:>8.1f} {2 * n * k / bf16 / 1e6:>5.2f}",
                     end="",
                 )
                 for fmt in formats:
                     fn, nbytes = calls[fmt]
-                    t = time_us(lambda: fn(x))
+                    t = captured_call_us(lambda: fn(x))
                     print(f" {t:>8.1f} {nbytes / t / 1e6:>5.2f} {bf16 / t:>6.2f}", end="")
                 print()
 
@@ -141,8 +132,8 @@ def report_moe(
         ids = ids.to(torch.int32).cuda()
         weights = torch.rand(n, top_k, device="cuda")
         x = torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16) * 0.1
-        t8 = time_us(lambda: fp8_block_grouped_experts(x, weights, ids, *fp8))
-        t4 = time_us(lambda: int4_group_grouped_experts(x, weights, ids, *int4))
+        t8 = captured_call_us(lambda: fp8_block_grouped_experts(x, weights, ids, *fp8))
+        t4 = captured_call_us(lambda: int4_group_grouped_experts(x, weights, ids, *int4))
         print(
             f"{n:>6} {distinct:>12} {t8:>8.1f} {distinct * per_expert['fp8'] / t8 / 1e6:>5.2f} "
             f"{t4:>8.1f} {distinct * per_expert['int4'] / t4 / 1e6:>5.2f}"

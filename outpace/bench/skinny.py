@@ -8,6 +8,8 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from outpace.bench.graph_timing import captured_call_us
+
 SHAPES = {
     "qkv": (6144, 4096),
     "o": (4096, 4096),
@@ -15,16 +17,6 @@ SHAPES = {
     "down": (4096, 14336),
     "lm_head": (128256, 4096),
 }
-
-
-def _us(fn) -> float:
-    from triton.testing import do_bench
-
-    fn()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, return_mode="median") * 1e3
 
 
 def run(rows=(1, 8)) -> None:
@@ -39,7 +31,7 @@ def run(rows=(1, 8)) -> None:
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = F.linear(x, w)
-            cublas = _us(lambda: F.linear(x, w))
+            cublas = captured_call_us(lambda: F.linear(x, w))
             best = (float("inf"), None)
             for bn, bk, warps, stages in configs:
                 try:
@@ -48,7 +40,7 @@ def run(rows=(1, 8)) -> None:
                     if err > 1e-2:
                         print(f"  wrong result {err} for {(bn, bk, warps, stages)}")
                         continue
-                    t = _us(lambda: skinny_linear(x, w, bn, bk, warps, stages))
+                    t = captured_call_us(lambda: skinny_linear(x, w, bn, bk, warps, stages))
                     best = min(best, (t, (bn, bk, warps, stages)))
                 except Exception as e:  # a config that does not compile (shared memory, registers)
                     print(f"  {type(e).__name__} for {(bn, bk, warps, stages)}")
