@@ -321,7 +321,7 @@ def write_checkpoint(
         (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-def _copy_tokenizer(src: Path, dst: Path) -> None:
+def copy_tokenizer(src: Path, dst: Path) -> None:
     for f in src.iterdir():
         if f.name.startswith("tokenizer") or f.name in (
             "special_tokens_map.json",
@@ -364,7 +364,7 @@ def _widen_dir(
     entries += extra({e[0]: e[1] for e in entries})
     write_checkpoint(dst, entries, max_shard_bytes, desc=f"widening {src.name}")
     (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    _copy_tokenizer(src, dst)
+    copy_tokenizer(src, dst)
     return dst
 
 

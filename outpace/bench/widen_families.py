@@ -49,7 +49,7 @@ from typing import Callable
 import torch
 from safetensors.torch import load_file
 
-from outpace.bench.widen import MAX_SHARD_BYTES, Entry, _copy_tokenizer, write_checkpoint
+from outpace.bench.widen import MAX_SHARD_BYTES, Entry, copy_tokenizer, write_checkpoint
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def write_widened(
     dst.mkdir(parents=True, exist_ok=True)
     write_checkpoint(dst, plan.entries, max_shard_bytes, desc=f"widening {src.name}")
     (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    _copy_tokenizer(src, dst)
+    copy_tokenizer(src, dst)
     return dst
 
 
