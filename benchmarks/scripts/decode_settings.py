@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from outpace.attention import kernel_parts, mla_kernels, triton_kernels
+from outpace.attention import kernel_parts, mla_kernels, split_merge, triton_kernels
 from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
@@ -32,6 +32,7 @@ from outpace.layers.quant import quant_matmul_kernel
 KNOBS = {
     "min_split_rows": (mla_kernels, "min_split_rows"),
     "prefetch_kv_rows": (triton_kernels, "prefetch_kv_rows"),
+    "merge_splits_in_kernel": (split_merge, "merge_splits_in_kernel"),
     "mla_prefetch_kv_rows": (mla_kernels, "prefetch_kv_rows"),
     "attention_programs_per_sm": (kernel_parts, "programs_per_sm"),
     "half_block_n": (mla_kernels, "half_block_n"),
@@ -402,6 +403,18 @@ SWEEPS |= _on_shapes(
         ("qwen3", "qwen3-30b-a3b", None),
         ("gemma3", "gemma-3-12b", None),
         ("gemma4", "gemma-4-26b-a4b", None),
+    ),
+)
+# split-KV's merge by each tile's last split, without the combine's launch (``split_merge.merge_splits_in_kernel``),
+# against the combine (shipped): the paged kernel's shapes at batch 1 (where it splits most) and 8
+SWEEPS |= _on_shapes(
+    "merge_in_kernel_",
+    ((1, 512), (1, 2048), (8, 512)),
+    ({}, {"merge_splits_in_kernel": True}),
+    (
+        ("llama", "llama-3.1-8b", None),
+        ("qwen3", "qwen3-30b-a3b", None),
+        ("gemma3", "gemma-3-12b", None),
     ),
 )
 SWIGLU_SETTINGS = (

@@ -34,7 +34,8 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    grid sized for long ones) returns at once, except split 0, which always writes.
 3. ``_combine_kernel`` (one program per token and q head, only when num_splits > 1): merges the
    partials of the splits that ran for the token's tile (it recomputes the split geometry from the
-   metadata, ``_split_geometry``).
+   metadata, ``_split_geometry``). With ``split_merge.merge_splits_in_kernel`` there is no such launch:
+   each tile's last split to finish merges (attention/split_merge.py).
 
 FP8 cache (EngineConfig.kv_cache_dtype "fp8", attention/kv_quant.py): the write kernel stores
 clamp(x / scale) rounded to e4m3 (``fp8_rows``), and both attention variants load the float8 rows,
@@ -79,7 +80,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention import kernel_parts
+from outpace.attention import kernel_parts, split_merge
 from outpace.attention.backend import KVScales
 from outpace.attention.context import batch_invariant
 from outpace.attention.invariant_attention import invariant_paged_attention
@@ -105,6 +106,12 @@ from outpace.attention.kernel_parts import (
     store_output_row,
 )
 from outpace.attention.metadata import PagedAttentionMetadata
+from outpace.attention.split_merge import (
+    MAX_MERGE_TILES,
+    merge_at_last_split,
+    merge_tickets,
+    splits_that_run,
+)
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.sm_count import num_sms
 
@@ -192,9 +199,10 @@ def _kv_range(
     BLOCK_N: tl.constexpr,
 ):
     """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
-    rows its query tile can see, kv_lo .. kv_hi - 1; shared_end and prefix (``split_geometry``); and
+    rows its query tile can see, kv_lo .. kv_hi - 1; shared_end and prefix (``split_geometry``);
     slide_end: with a sliding window, rows from it on are inside every row's window (the tile's
-    queries sit at positions below kv_end)."""
+    queries sit at positions below kv_end); and how many of the tile's splits have rows
+    (``splits_that_run``)."""
     kv_start, kv_end, shared_end, prefix, split_len = split_geometry(
         seq_lens_ptr,
         query_lens_ptr,
@@ -209,7 +217,9 @@ def _kv_range(
         BLOCK_N,
     )
     kv_lo = kv_start + tl.program_id(2) * split_len
-    return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix, kv_end - sliding_window
+    kv_hi = tl.minimum(kv_lo + split_len, kv_end)
+    ran = splits_that_run(kv_start, kv_end, split_len)
+    return kv_lo, kv_hi, shared_end, prefix, kv_end - sliding_window, ran
 
 
 @triton.jit
@@ -286,6 +296,7 @@ def _attention_kernel(
     part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
     part_max_ptr,
     part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
+    tickets_ptr,  # [MAX_MERGE_TILES] int32, zero between launches (MERGE)
     token_table_ptr,  # [num_seqs, max_query_len] int32
     block_tables_ptr,  # [num_seqs, max_blocks] int64
     seq_lens_ptr,
@@ -322,6 +333,7 @@ def _attention_kernel(
     BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_KV: tl.constexpr,
+    MERGE: tl.constexpr,  # (SPLIT_KV) the tile's last split merges (attention/split_merge.py)
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -335,7 +347,7 @@ def _attention_kernel(
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
     # before this kernel starts: read before waiting on the previous kernel (q and positions come after).
-    kv_lo, kv_hi, shared_end, prefix, slide_end = _kv_range(
+    kv_lo, kv_hi, shared_end, prefix, slide_end, ran = _kv_range(
         seq_lens_ptr,
         query_lens_ptr,
         window,
@@ -393,6 +405,7 @@ def _attention_kernel(
             part_acc_ptr,
             part_max_ptr,
             part_sum_ptr,
+            tickets_ptr,
             block_tables_ptr,
             custom_mask_ptr,
             qk_scale * k_scale,
@@ -414,6 +427,7 @@ def _attention_kernel(
             shared_end,
             prefix,
             slide_end,
+            ran,
             seq,
             kv_head,
             split,
@@ -435,6 +449,7 @@ def _attention_kernel(
             BLOCK_N_TAIL,
             BLOCK_D,
             SPLIT_KV,
+            MERGE,
             HAS_MASK,
             SLIDING,
             PRECISION,
@@ -452,6 +467,7 @@ def _attention_program(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
+    tickets_ptr,
     block_tables_ptr,
     custom_mask_ptr,
     qk_scale,
@@ -473,6 +489,7 @@ def _attention_program(
     shared_end,
     prefix,
     slide_end,
+    ran,
     seq,
     kv_head,
     split,
@@ -494,6 +511,7 @@ def _attention_program(
     BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_KV: tl.constexpr,
+    MERGE: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -502,7 +520,8 @@ def _attention_program(
     """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1 and the tile's queries
     q [BLOCK_M, BLOCK_D] (rows: ``query_rows``; positions q_pos, read with SLIDING only). ``qk_scale``
     holds an FP8 cache's k scale, ``v_scale`` (1.0 otherwise) multiplies the attended values. Without
-    SPLIT_KV the output is stored gated by GATE (``output_values``)."""
+    SPLIT_KV the output is stored gated by GATE (``output_values``); with SPLIT_KV and MERGE, by the tile's
+    last split to finish, which merges the ``ran`` splits' partials (attention/split_merge.py)."""
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -628,6 +647,32 @@ def _attention_program(
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
+        if MERGE:
+            merge_at_last_split(
+                part_acc_ptr,
+                part_max_ptr,
+                part_sum_ptr,
+                tickets_ptr,
+                out_ptr,
+                gate_ptr,
+                ran,
+                num_tokens,
+                token,
+                head,
+                row_ok,
+                offs_d,
+                d_ok,
+                stride_ot,
+                stride_oh,
+                stride_gt,
+                stride_gh,
+                stride_gd,
+                KV_HEADS * GROUP,
+                HEAD_DIM,
+                BLOCK_M,
+                BLOCK_D,
+                GATE,
+            )
 
 
 @triton.jit(do_not_specialize=["num_tokens", "num_splits", "window", "sliding_window"])
@@ -897,7 +942,12 @@ def paged_attention(
     )
     out = torch.empty(num_tokens, heads, head_dim, dtype=q.dtype, device=q.device)
     gate, gate_strides, gate_kind = gate_args(out_gate, out)
-    if cfg.num_splits > 1:
+    split = cfg.num_splits > 1
+    grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
+    # (the tiles' last splits merge: attention/split_merge.py; else the combine's launch)
+    merge = split and split_merge.merge_splits_in_kernel and grid[0] * grid[1] <= MAX_MERGE_TILES
+    tickets = merge_tickets(q.device) if merge else out  # (unused without a merge)
+    if split:
         part_acc, part_max, part_sum = split_partials(
             cfg.num_splits, num_tokens, heads, head_dim, q.device
         )
@@ -906,7 +956,6 @@ def paged_attention(
     mask_arg, window, mask_strides = mask_args(meta)
     sliding = sliding_window is not None
     k_scale, v_scale = scale_args(k_cache, kv_scales)
-    grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
     lines, line_elems = prefetch_lines(head_dim, k_cache)
     _attention_kernel[grid](
         q,
@@ -917,6 +966,7 @@ def paged_attention(
         part_acc,
         part_max,
         part_sum,
+        tickets,
         token_table,
         meta.block_tables,
         meta.seq_lens,
@@ -949,13 +999,14 @@ def paged_attention(
         BLOCK_N=cfg.block_n,
         BLOCK_N_TAIL=cfg.block_n_tail,
         BLOCK_D=cfg.block_d,
-        SPLIT_KV=cfg.num_splits > 1,
+        SPLIT_KV=split,
+        MERGE=merge,
         HAS_MASK=meta.custom_mask is not None,
         SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PDL=pdl,
         KV_SCALED=kv_scales is not None,
-        GATE=0 if cfg.num_splits > 1 else gate_kind,  # split: the combine stores the output
+        GATE=0 if split and not merge else gate_kind,  # split: the merge stores the output
         PREFETCH_ROWS=prefetch_kv_rows if pdl else 0,
         LINES=lines,
         LINE_ELEMS=line_elems,
@@ -963,7 +1014,7 @@ def paged_attention(
         num_stages=cfg.num_stages,
         **pdl_launch_options(pdl),
     )
-    if cfg.num_splits > 1:
+    if split and not merge:
         _combine_kernel[(num_tokens, heads)](
             part_acc,
             part_max,

@@ -33,11 +33,11 @@ cfg = tk.launch_config(1, 8, 4, 128, 2, 1, 8192, 132)
 prefetches(
     tk._attention_kernel,
     dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", out_ptr="*bf16", gate_ptr="*bf16",
-         part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32", token_table_ptr="*i32",
-         block_tables_ptr="*i64", seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8",
+         part_acc_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32", tickets_ptr="*i32",
+         token_table_ptr="*i32", block_tables_ptr="*i64", seq_lens_ptr="*i64", query_lens_ptr="*i64", custom_mask_ptr="*u8",
          positions_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32"),
     dict(KV_HEADS=8, GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m,
-         BLOCK_N=cfg.block_n, BLOCK_N_TAIL=cfg.block_n_tail, BLOCK_D=cfg.block_d, SPLIT_KV=True, HAS_MASK=False,
+         BLOCK_N=cfg.block_n, BLOCK_N_TAIL=cfg.block_n_tail, BLOCK_D=cfg.block_d, SPLIT_KV=True, MERGE=False, HAS_MASK=False,
          SLIDING=False, PRECISION="tf32", PDL=True, KV_SCALED=False, GATE=0, PREFETCH_ROWS=rows, LINES=2,
          LINE_ELEMS=64),
     cfg.num_warps, cfg.num_stages)
