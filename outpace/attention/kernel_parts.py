@@ -277,6 +277,45 @@ def store_output_row(
     tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, values, mask=d_ok)
 
 
+@triton.jit
+def store_output_tile(
+    out,  # [BLOCK_M, BLOCK_D] float32: a tile's normalised output rows
+    out_ptr,
+    token,
+    head,
+    row_ok,  # [BLOCK_M] each row's (token, q head), the rows that are real
+    offs_d,
+    d_ok,  # [BLOCK_D]
+    stride_ot,
+    stride_oh,
+    gate_ptr,
+    stride_gt,
+    stride_gh,
+    stride_gd,
+    GATE: tl.constexpr,
+):
+    """An attention tile's store of its output rows, gated by GATE (``output_values``)."""
+    values = output_values(
+        out,
+        out_ptr.dtype.element_ty,
+        gate_ptr,
+        token[:, None],
+        head[:, None],
+        row_ok[:, None],
+        offs_d[None, :],
+        d_ok[None, :],
+        stride_gt,
+        stride_gh,
+        stride_gd,
+        GATE,
+    )
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        values,
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Tile sizes and grid of ``_attention_kernel``: functions of shapes and python ints only."""

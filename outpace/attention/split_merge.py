@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention.kernel_parts import output_values
+from outpace.attention.kernel_parts import store_output_tile
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
 # The paged kernel merges its splits itself, without the combine's launch (module docstring). Off until a decode
@@ -75,7 +75,7 @@ def merge_at_last_split(
     GATE: tl.constexpr,
 ):
     """After a split program's partials are written: its ticket, and, by the tile's last split to take one,
-    the merged output of the tile's rows, stored gated by GATE (``output_values``) (module docstring)."""
+    the merged output of the tile's rows, stored gated by GATE (``store_output_tile``) (module docstring)."""
     tl.debug_barrier()  # every thread's partials before the ticket (one thread takes it for the program)
     ticket = tickets_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == ran - 1:
@@ -102,23 +102,20 @@ def merge_at_last_split(
                 other=0.0,
                 cache_modifier=".cg",
             )
-        out = output_values(
+        store_output_tile(
             acc / tl.where(total > 0, total, 1.0)[:, None],
-            out_ptr.dtype.element_ty,
+            out_ptr,
+            token,
+            head,
+            row_ok,
+            offs_d,
+            d_ok,
+            stride_ot,
+            stride_oh,
             gate_ptr,
-            token[:, None],
-            head[:, None],
-            row_ok[:, None],
-            offs_d[None, :],
-            d_ok[None, :],
             stride_gt,
             stride_gh,
             stride_gd,
             GATE,
-        )
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out,
-            mask=ok,
         )
         tl.atomic_xchg(ticket, 0)

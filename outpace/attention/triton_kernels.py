@@ -96,7 +96,6 @@ from outpace.attention.kernel_parts import (
     last_dim_contiguous,
     load_queries,
     mask_args,
-    output_values,
     prefetch_lines,
     query_rows,
     scale_args,
@@ -104,6 +103,7 @@ from outpace.attention.kernel_parts import (
     split_geometry,
     split_partials,
     store_output_row,
+    store_output_tile,
 )
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.split_merge import (
@@ -621,31 +621,28 @@ def _attention_program(
     )
 
     acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
-    out_ok = row_ok[:, None] & d_ok[None, :]
     if not SPLIT_KV:
-        out = output_values(
+        store_output_tile(
             acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
-            out_ptr.dtype.element_ty,
+            out_ptr,
+            token,
+            head,
+            row_ok,
+            offs_d,
+            d_ok,
+            stride_ot,
+            stride_oh,
             gate_ptr,
-            token[:, None],
-            head[:, None],
-            row_ok[:, None],
-            offs_d[None, :],
-            d_ok[None, :],
             stride_gt,
             stride_gh,
             stride_gd,
             GATE,
         )
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-            out,
-            mask=out_ok,
-        )
     else:
         part = (split * num_tokens + token) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
+        out_ok = row_ok[:, None] & d_ok[None, :]
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
         if MERGE:
             merge_at_last_split(
