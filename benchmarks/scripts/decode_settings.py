@@ -405,6 +405,23 @@ SWEEPS |= _on_shapes(
         ("gemma4", "gemma-4-26b-a4b", None),
     ),
 )
+# the gate/up kernel's few-token tiles 16 columns wide: at batch 1 Qwen3-30B-A3B's 8 experts of 768 make 192
+# programs of 32 columns, which 132 SMs take two on some and one on others (Gemma 4's 176 alike), 384 of 16
+# columns share them about evenly
+SWEEPS |= _on_shapes(
+    "gate_up_n16_",
+    ((1, 512), (8, 512)),
+    (
+        {},
+        {"few_token_gate_up": (16, 256, 4, 3)},
+        {"few_token_gate_up": (16, 512, 4, 2)},
+    ),
+    (
+        ("qwen3", "qwen3-30b-a3b", None),
+        ("qwen35", "qwen3.5-35b-a3b", None),
+        ("gemma4", "gemma-4-26b-a4b", None),
+    ),
+)
 # split-KV's merge by each tile's last split, without the combine's launch (``split_merge.merge_splits_in_kernel``),
 # against the combine (shipped): the paged kernel's shapes at batch 1 (where it splits most) and 8
 SWEEPS |= _on_shapes(
