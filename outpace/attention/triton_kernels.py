@@ -32,10 +32,10 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    unnormalised partial (running max, sum and accumulator) for every token and head it owns. A
    split whose range is empty (past the rows its tile sees: most of them for short sequences in a
    grid sized for long ones) returns at once, except split 0, which always writes.
-3. ``_combine_kernel`` (one program per token and q head, only when num_splits > 1): merges the
-   partials of the splits that ran for the token's tile (it recomputes the split geometry from the
-   metadata, ``_split_geometry``). With ``split_merge.merge_splits_in_kernel`` there is no such launch:
-   each tile's last split to finish merges (attention/split_merge.py).
+3. Only when num_splits > 1: the merge of the partials of the splits that ran for each tile
+   (attention/split_merge.py): ``split_combine_kernel``'s launch (one program per token and q head;
+   it recomputes the split geometry from the metadata, ``split_geometry``), or, with
+   ``split_merge.merge_splits_in_kernel``, each tile's last split to finish.
 
 FP8 cache (EngineConfig.kv_cache_dtype "fp8", attention/kv_quant.py): the write kernel stores
 clamp(x / scale) rounded to e4m3 (``fp8_rows``), and both attention variants load the float8 rows,
@@ -102,12 +102,12 @@ from outpace.attention.kernel_parts import (
     softmax_step,
     split_geometry,
     split_partials,
-    store_output_row,
     store_output_tile,
 )
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.split_merge import (
     MAX_MERGE_TILES,
+    combine_splits,
     merge_at_last_split,
     merge_tickets,
     splits_that_run,
@@ -388,7 +388,7 @@ def _attention_kernel(
             prefetch_l2(k_cache_ptr + head_offset + lines)
             prefetch_l2(v_cache_ptr + head_offset + lines)
     pdl_enter(PDL)
-    # A split past the rows its tile sees does nothing: the combine reads only the splits that have
+    # A split past the rows its tile sees does nothing: the merge reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
     if (kv_lo < kv_hi) | (tl.program_id(2) == 0):
         q = load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
@@ -672,96 +672,6 @@ def _attention_program(
             )
 
 
-@triton.jit(do_not_specialize=["num_tokens", "num_splits", "window", "sliding_window"])
-def _combine_kernel(
-    part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32
-    part_max_ptr,
-    part_sum_ptr,  # [num_splits, num_tokens, heads] float32
-    out_ptr,  # [num_tokens, heads, head_dim]
-    gate_ptr,  # [num_tokens, heads(, head_dim)]: the output gate's logits (GATE)
-    seq_index_ptr,
-    query_index_ptr,  # [num_tokens] int64
-    seq_lens_ptr,
-    query_lens_ptr,  # [num_seqs] int64
-    num_tokens,
-    num_splits,
-    window,
-    sliding_window,
-    stride_ot,
-    stride_oh,
-    stride_gt,
-    stride_gh,
-    stride_gd,
-    HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    SLIDING: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr,
-    GATE: tl.constexpr,  # an output gate (``output_values``)
-):
-    """Program (token, head): merges the partials of the splits that saw rows for the token's tile, and
-    stores the output (gated by GATE).
-    Which splits ran follows from the metadata alone (complete before the forward's first kernel):
-    worked out before waiting on the attention kernel."""
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.load(seq_index_ptr + token)
-    q_start = tl.load(query_index_ptr + token).to(tl.int32) // BLOCK_Q * BLOCK_Q
-    kv_start, kv_end, _, _, split_len = split_geometry(
-        seq_lens_ptr,
-        query_lens_ptr,
-        seq,
-        q_start,
-        window,
-        sliding_window,
-        num_splits,
-        HAS_MASK,
-        SLIDING,
-        BLOCK_Q,
-        BLOCK_N,
-    )
-    pdl_enter(PDL)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = (offs_s < num_splits) & (
-        (offs_s == 0) | (kv_start + offs_s * split_len < kv_end)
-    )  # the splits that ran
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < HEAD_DIM
-    part = (offs_s * num_tokens + token) * HEADS + head  # [BLOCK_S]
-    m = tl.load(part_max_ptr + part, mask=s_ok, other=-1.0e30)
-    l = tl.load(part_sum_ptr + part, mask=s_ok, other=0.0)
-    acc = tl.load(
-        part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-        mask=s_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_D]
-    weight = tl.exp2(m - tl.max(m, axis=0))  # finite: every max is >= -1e30
-    total = tl.sum(l * weight, axis=0)
-    out = tl.sum(acc * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    store_output_row(
-        out,
-        out_ptr,
-        token,
-        head,
-        stride_ot,
-        stride_oh,
-        offs_d,
-        d_ok,
-        gate_ptr,
-        stride_gt,
-        stride_gh,
-        stride_gd,
-        GATE,
-    )
-
-
-# Batch-invariant variant (the deterministic mode) ---------------------------------------------------------------------
-
-
 def launch_config(
     num_seqs: int,
     kv_heads: int,
@@ -1012,33 +922,15 @@ def paged_attention(
         **pdl_launch_options(pdl),
     )
     if split and not merge:
-        _combine_kernel[(num_tokens, heads)](
-            part_acc,
-            part_max,
-            part_sum,
+        combine_splits(
+            (part_acc, part_max, part_sum),
             out,
-            gate,
-            meta.token_seq_index,
-            meta.token_query_index,
-            meta.seq_lens,
-            meta.query_lens,
-            num_tokens,
-            cfg.num_splits,
+            (gate, gate_strides, gate_kind),
+            meta,
+            cfg,
             window,
             sliding_window or 0,
-            out.stride(0),
-            out.stride(1),
-            *gate_strides,
-            HEADS=heads,
-            HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(cfg.num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            HAS_MASK=meta.custom_mask is not None,
-            SLIDING=sliding,
-            BLOCK_Q=cfg.block_q,
-            BLOCK_N=cfg.block_n,
-            PDL=pdl,
-            GATE=gate_kind,
-            **pdl_launch_options(pdl),
+            sliding,
+            pdl,
         )
     return out
