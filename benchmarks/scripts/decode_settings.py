@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from outpace.attention import kernel_parts, mla_kernels, split_merge, triton_kernels
+from outpace.attention import kernel_parts, mla_kernels
 from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
 from outpace.bench.gpu import LLAMA_8B, time_decode
@@ -31,9 +31,6 @@ from outpace.layers.quant import quant_matmul_kernel
 # knob -> (module, attribute)
 KNOBS = {
     "min_split_rows": (mla_kernels, "min_split_rows"),
-    "prefetch_kv_rows": (triton_kernels, "prefetch_kv_rows"),
-    "merge_splits_in_kernel": (split_merge, "merge_splits_in_kernel"),
-    "mla_prefetch_kv_rows": (mla_kernels, "prefetch_kv_rows"),
     "attention_programs_per_sm": (kernel_parts, "programs_per_sm"),
     "half_block_n": (mla_kernels, "half_block_n"),
     "attention_warps": (mla_kernels, "attention_warps"),
@@ -57,7 +54,6 @@ KNOBS = {
     "swiglu_block_k": (fused_projection, "swiglu_block_k"),
     "swiglu_stages": (fused_projection, "swiglu_stages"),
     "narrow_block_k": (fused_projection, "narrow_block_k"),
-    "qkv_split_k": (fused_projection, "qkv_split_k"),
     "narrow_stages": (fused_projection, "narrow_stages"),
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
@@ -376,38 +372,10 @@ SWEEPS |= _on_shapes(
         ("mistral4", "mistral-small-4-slice", None),
     ),
 )
-# the attention kernels' cache rows asked into L2 before their dependent launch's wait (``prefetch_kv_rows``): the
-# paged kernel's K and V rows (Llama-3.1-8B, Qwen3-30B-A3B), MLA's latent rows (DeepSeek-V2-Lite)
-SWEEPS |= _on_shapes(
-    "kv_prefetch_",
-    ((1, 512), (8, 512), (32, 512)),
-    (
-        {},
-        {"prefetch_kv_rows": 64, "mla_prefetch_kv_rows": 64},
-        {"prefetch_kv_rows": 128, "mla_prefetch_kv_rows": 128},
-    ),
-    (
-        ("llama", "llama-3.1-8b", None),
-        ("qwen3", "qwen3-30b-a3b", None),
-        ("v2", "deepseek-v2-lite", None),
-    ),
-)
-# q/k/v with per-head norms in one launch, K split among a head's programs (``fused_projection.qkv_split_k``),
-# against the plain projection and the per-head kernel (shipped): Qwen3-30B-A3B's 40 heads of 128, Gemma-3-12B's 32
-# of 256, Gemma 4's sliding layers' 256-wide heads
-SWEEPS |= _on_shapes(
-    "qkv_split_k_",
-    ((1, 512), (8, 512)),
-    ({}, {"qkv_split_k": True}),
-    (
-        ("qwen3", "qwen3-30b-a3b", None),
-        ("gemma3", "gemma-3-12b", None),
-        ("gemma4", "gemma-4-26b-a4b", None),
-    ),
-)
 # the gate/up kernel's few-token tiles 16 columns wide: at batch 1 Qwen3-30B-A3B's 8 experts of 768 make 192
 # programs of 32 columns, which 132 SMs take two on some and one on others (Gemma 4's 176 alike), 384 of 16
-# columns share them about evenly
+# columns share them about evenly. Slower on Qwen3-30B-A3B (gpu_2026-12-05d call 9, an H100, ms at batch 1 / 8):
+# 3.541 / 10.536 and 3.483 / 10.686 against 3.367 / 10.289
 SWEEPS |= _on_shapes(
     "gate_up_n16_",
     ((1, 512), (8, 512)),
@@ -420,18 +388,6 @@ SWEEPS |= _on_shapes(
         ("qwen3", "qwen3-30b-a3b", None),
         ("qwen35", "qwen3.5-35b-a3b", None),
         ("gemma4", "gemma-4-26b-a4b", None),
-    ),
-)
-# split-KV's merge by each tile's last split, without the combine's launch (``split_merge.merge_splits_in_kernel``),
-# against the combine (shipped): the paged kernel's shapes at batch 1 (where it splits most) and 8
-SWEEPS |= _on_shapes(
-    "merge_in_kernel_",
-    ((1, 512), (1, 2048), (8, 512)),
-    ({}, {"merge_splits_in_kernel": True}),
-    (
-        ("llama", "llama-3.1-8b", None),
-        ("qwen3", "qwen3-30b-a3b", None),
-        ("gemma3", "gemma-3-12b", None),
     ),
 )
 SWIGLU_SETTINGS = (

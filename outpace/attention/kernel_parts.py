@@ -1,8 +1,7 @@
 """The Triton building blocks that the paged attention kernels share, the fast path's
 (attention/triton_kernels.py), the batch-invariant variant's (attention/invariant_attention.py) and MLA's
 (attention/mla_kernels.py), and the launch arguments their launchers share: a program's query rows and their KV
-rows through the block table, the online softmax's step, an FP8 cache's rows and scales, the output gate, and
-the L2 lines of cache rows a program may ask for before its dependent launch's wait."""
+rows through the block table, the online softmax's step, an FP8 cache's rows and scales, and the output gate."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ from outpace.layers.fused_kernels import sigmoid_gated
 
 LOG2E = 1.4426950408889634
 FP8_MAX = tl.constexpr(FP8_KV_MAX)  # e4m3's largest finite value, 448
-LINE_BYTES = 128  # an L2 line
 MAX_BLOCK_M = 128  # tile rows (query tokens x GQA group) per program
 # target grid size for split-KV, in programs per streaming multiprocessor, of the fast path (triton_kernels.py
 # ``launch_config``) and of the batch-invariant variant (``invariant_programs``); read at each launch. Fewer
@@ -114,37 +112,6 @@ def kv_offsets(rows, ok, bt_ptr, stride_cache_slot, offs_d, d_ok, BLOCK_SIZE: tl
     block = tl.load(bt_ptr + rows // BLOCK_SIZE, mask=ok, other=0)
     slot = block * BLOCK_SIZE + rows % BLOCK_SIZE  # [BLOCK_N] int64
     return slot[:, None] * stride_cache_slot + offs_d[None, :], ok[:, None] & d_ok[None, :]
-
-
-@triton.jit
-def cache_row_lines(
-    lo,
-    hi,
-    bt_ptr,  # the sequence's block table row
-    stride_cache_slot,
-    ROW_ELEMS: tl.constexpr,  # a row's elements
-    BLOCK_SIZE: tl.constexpr,
-    ROWS: tl.constexpr,
-    LINES: tl.constexpr,  # a power of two >= the L2 lines a row spans
-    LINE_ELEMS: tl.constexpr,  # cache elements a line holds
-):
-    """[ROWS, LINES] offsets, from a row's first element in the cache, of the L2 lines of cache rows lo ..
-    min(hi, lo + ROWS) - 1 (0 past them): what a program about to wait on the kernel before it asks into L2
-    (``prefetch_l2`` at each cache's head: ``prefetch_kv_rows``). It reads the block table, which is complete
-    before an attention kernel starts (``_attention_kernel``). A row that kernel writes (a new token's) may be
-    asked for too: the prefetch is a hint, and L2 is where global memory is coherent."""
-    rows = lo + tl.arange(0, ROWS)  # [ROWS]
-    lines = tl.arange(0, LINES) * LINE_ELEMS  # [LINES]
-    offs, ok = kv_offsets(
-        rows, rows < hi, bt_ptr, stride_cache_slot, lines, lines < ROW_ELEMS, BLOCK_SIZE
-    )  # [ROWS, LINES]
-    return tl.where(ok, offs, 0)
-
-
-def prefetch_lines(row_elems: int, cache: torch.Tensor) -> tuple[int, int]:
-    """(LINES, LINE_ELEMS) of ``cache_row_lines`` for rows of ``row_elems`` elements of ``cache``."""
-    line_elems = LINE_BYTES // cache.element_size()
-    return triton.next_power_of_2(triton.cdiv(row_elems, line_elems)), line_elems
 
 
 @triton.jit
@@ -275,45 +242,6 @@ def store_output_row(
         GATE,
     )
     tl.store(out_ptr + token * stride_ot + head * stride_oh + offs_d, values, mask=d_ok)
-
-
-@triton.jit
-def store_output_tile(
-    out,  # [BLOCK_M, BLOCK_D] float32: a tile's normalised output rows
-    out_ptr,
-    token,
-    head,
-    row_ok,  # [BLOCK_M] each row's (token, q head), the rows that are real
-    offs_d,
-    d_ok,  # [BLOCK_D]
-    stride_ot,
-    stride_oh,
-    gate_ptr,
-    stride_gt,
-    stride_gh,
-    stride_gd,
-    GATE: tl.constexpr,
-):
-    """An attention tile's store of its output rows, gated by GATE (``output_values``)."""
-    values = output_values(
-        out,
-        out_ptr.dtype.element_ty,
-        gate_ptr,
-        token[:, None],
-        head[:, None],
-        row_ok[:, None],
-        offs_d[None, :],
-        d_ok[None, :],
-        stride_gt,
-        stride_gh,
-        stride_gd,
-        GATE,
-    )
-    tl.store(
-        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-        values,
-        mask=row_ok[:, None] & d_ok[None, :],
-    )
 
 
 @dataclass(frozen=True)

@@ -95,18 +95,16 @@ from outpace.attention.invariant_attention import (
 )
 from outpace.attention.kernel_parts import (
     LOG2E,
-    cache_row_lines,
     cache_scales,
     kv_offsets,
     last_dim_contiguous,
     mask_args,
-    prefetch_lines,
     softmax_step,
     split_partials,
 )
 from outpace.attention.kv_quant import is_fp8
 from outpace.attention.metadata import PagedAttentionMetadata
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
 _PROGRAMS_PER_SM = 2
@@ -163,9 +161,6 @@ half_block_n = 64
 attention_stages = 2
 attention_warps = 8
 wide_tile_programs = 8
-# With programmatic dependent launch, latent cache rows of its first split a program asks into L2 before it waits on
-# the kernel before it (attention/kernel_parts.py ``cache_row_lines``; 0: none)
-prefetch_kv_rows = 0
 
 
 def invariant_block_m(heads: int) -> int:
@@ -309,9 +304,6 @@ def _mla_kernel(
     PRECISION: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: rows read as stored * scale
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
-    PREFETCH_ROWS: tl.constexpr,  # (with PDL) cache rows asked into L2 before the wait (``prefetch_kv_rows``)
-    LINES: tl.constexpr,
-    LINE_ELEMS: tl.constexpr,  # a cache row's L2 lines, and the elements a line holds (PREFETCH_ROWS)
 ):
     # a sequence's row tiles are consecutive programs: they read the same KV rows together
     tile = tl.program_id(0)
@@ -325,21 +317,6 @@ def _mla_kernel(
     # whichever program takes it, and no program is spent on splits past the tile's rows.
     split_len = _split_len(kv_end, num_splits, BLOCK_N, MIN_SPLIT)
     live_splits = tl.maximum(tl.cdiv(kv_end, split_len), 1)
-    if PREFETCH_ROWS > 0:  # the first split's first rows
-        first_row = tl.program_id(2) * split_len
-        if first_row < kv_end:
-            lines = cache_row_lines(
-                first_row,
-                tl.minimum(first_row + split_len, kv_end),
-                block_tables_ptr + seq * stride_bt_seq,
-                stride_cache_slot,
-                R + P,
-                BLOCK_SIZE,
-                PREFETCH_ROWS,
-                LINES,
-                LINE_ELEMS,
-            )  # [PREFETCH_ROWS, LINES]
-            prefetch_l2(cache_ptr + lines)
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     if tl.program_id(2) < live_splits:  # (the tile's queries, loaded once for the splits it walks)
         flat = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -754,7 +731,6 @@ def _attend(
     programs = (
         invariant_programs(num_splits, tiles * meta.num_seqs, device) if invariant else num_splits
     )
-    lines, line_elems = prefetch_lines(rank + rope, flat_cache)
     _mla_kernel[(tiles, meta.num_seqs, programs)](
         q_parts,
         q_rope,
@@ -801,9 +777,6 @@ def _attend(
         PRECISION="ieee" if fp32 else "tf32",
         KV_SCALED=k_scale is not None,
         PDL=pdl,
-        PREFETCH_ROWS=prefetch_kv_rows if pdl else 0,
-        LINES=lines,
-        LINE_ELEMS=line_elems,
         num_warps=8 if block_m > 16 else (attention_warps if wide else 4),
         num_stages=2 if invariant else attention_stages,
         **invariant_launch_options(),  # (the mode: the operations as written, in any variant)

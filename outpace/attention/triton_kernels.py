@@ -32,10 +32,9 @@ no host synchronisation, so a call can be captured in a CUDA graph:
    unnormalised partial (running max, sum and accumulator) for every token and head it owns. A
    split whose range is empty (past the rows its tile sees: most of them for short sequences in a
    grid sized for long ones) returns at once, except split 0, which always writes.
-3. Only when num_splits > 1: the merge of the partials of the splits that ran for each tile
-   (attention/split_merge.py): ``split_combine_kernel``'s launch (one program per token and q head;
-   it recomputes the split geometry from the metadata, ``split_geometry``), or, with
-   ``split_merge.merge_splits_in_kernel``, each tile's last split to finish.
+3. ``split_combine_kernel`` (attention/split_combine.py; one program per token and q head, only when
+   num_splits > 1): merges the partials of the splits that ran for the token's tile (it recomputes the
+   split geometry from the metadata, ``split_geometry``).
 
 FP8 cache (EngineConfig.kv_cache_dtype "fp8", attention/kv_quant.py): the write kernel stores
 clamp(x / scale) rounded to e4m3 (``fp8_rows``), and both attention variants load the float8 rows,
@@ -53,10 +52,6 @@ the H200 1 to 3 elements of 131072 differed by one ulp (tests/kernels/test_gated
 kernel is another compilation of the attention, where the last bit was not traced further). A constexpr GATE
 (0 none, 1 per head, 2 per element) leaves ungated launches compiled as before; split attention kernels get
 GATE 0 (their combine gates).
-
-Under programmatic dependent launch a program may ask its first KV rows into L2 before it waits on the kernel
-before it (``prefetch_kv_rows``, ``cache_row_lines``; MLA's kernel alike): the cached rows and the block table do
-not depend on that kernel.
 
 The KV length is read from ``seq_lens`` inside the kernel. The number of splits is chosen from
 static shapes so that the grid fills the GPU (about two programs per SM); each program's range is
@@ -80,7 +75,7 @@ import torch
 import triton
 import triton.language as tl
 
-from outpace.attention import kernel_parts, split_merge
+from outpace.attention import kernel_parts
 from outpace.attention.backend import KVScales
 from outpace.attention.context import batch_invariant
 from outpace.attention.invariant_attention import invariant_paged_attention
@@ -88,7 +83,6 @@ from outpace.attention.kernel_parts import (
     LOG2E,
     MAX_BLOCK_M,
     LaunchConfig,
-    cache_row_lines,
     cache_scales,
     fp8_rows,
     gate_args,
@@ -96,30 +90,18 @@ from outpace.attention.kernel_parts import (
     last_dim_contiguous,
     load_queries,
     mask_args,
-    prefetch_lines,
+    output_values,
     query_rows,
     scale_args,
     softmax_step,
     split_geometry,
     split_partials,
-    store_output_tile,
 )
 from outpace.attention.metadata import PagedAttentionMetadata
-from outpace.attention.split_merge import (
-    MAX_MERGE_TILES,
-    combine_splits,
-    merge_at_last_split,
-    merge_tickets,
-    splits_that_run,
-)
-from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
+from outpace.attention.split_combine import combine_splits
+from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options
 from outpace.layers.sm_count import num_sms
 
-# With programmatic dependent launch, KV rows of its range a program asks into L2 before it waits on the kernel
-# before it (``cache_row_lines``; 0: none; MLA's kernel has its own, attention/mla_kernels.py). The cached rows do
-# not depend on that kernel, so their HBM reads can overlap its drain, and the first KV tile's loads after the wait
-# come from L2. Off until a decode step measures it (benchmarks/scripts/decode_settings.py kv_prefetch_*).
-prefetch_kv_rows = 0
 _MAX_SPLITS = 64
 
 
@@ -199,10 +181,9 @@ def _kv_range(
     BLOCK_N: tl.constexpr,
 ):
     """The KV rows of program (sequence * KV_HEADS + kv head, query tile, split): its split of the
-    rows its query tile can see, kv_lo .. kv_hi - 1; shared_end and prefix (``split_geometry``);
+    rows its query tile can see, kv_lo .. kv_hi - 1; shared_end and prefix (``split_geometry``); and
     slide_end: with a sliding window, rows from it on are inside every row's window (the tile's
-    queries sit at positions below kv_end); and how many of the tile's splits have rows
-    (``splits_that_run``)."""
+    queries sit at positions below kv_end)."""
     kv_start, kv_end, shared_end, prefix, split_len = split_geometry(
         seq_lens_ptr,
         query_lens_ptr,
@@ -217,9 +198,7 @@ def _kv_range(
         BLOCK_N,
     )
     kv_lo = kv_start + tl.program_id(2) * split_len
-    kv_hi = tl.minimum(kv_lo + split_len, kv_end)
-    ran = splits_that_run(kv_start, kv_end, split_len)
-    return kv_lo, kv_hi, shared_end, prefix, kv_end - sliding_window, ran
+    return kv_lo, tl.minimum(kv_lo + split_len, kv_end), shared_end, prefix, kv_end - sliding_window
 
 
 @triton.jit
@@ -296,7 +275,6 @@ def _attention_kernel(
     part_acc_ptr,  # [num_splits, num_tokens, heads, HEAD_DIM] float32 (SPLIT_KV)
     part_max_ptr,
     part_sum_ptr,  # [num_splits, num_tokens, heads] float32 (SPLIT_KV)
-    tickets_ptr,  # [MAX_MERGE_TILES] int32, zero between launches (MERGE)
     token_table_ptr,  # [num_seqs, max_query_len] int32
     block_tables_ptr,  # [num_seqs, max_blocks] int64
     seq_lens_ptr,
@@ -333,21 +311,17 @@ def _attention_kernel(
     BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_KV: tl.constexpr,
-    MERGE: tl.constexpr,  # (SPLIT_KV) the tile's last split merges (attention/split_merge.py)
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
     KV_SCALED: tl.constexpr,  # an FP8 cache: k and v read as stored * scale
     GATE: tl.constexpr,  # an output gate: 0 none, 1 one logit a head, 2 one an element (``output_values``)
-    PREFETCH_ROWS: tl.constexpr,  # (with PDL) KV rows asked into L2 before the wait (``prefetch_kv_rows``)
-    LINES: tl.constexpr,
-    LINE_ELEMS: tl.constexpr,  # a cache row's L2 lines, and the elements a line holds (PREFETCH_ROWS)
 ):
     # The program's KV rows and query rows come from the metadata, block tables and token table, which
     # kernels launched without PDL wrote (the metadata's builder, or write_kv), so they are complete
     # before this kernel starts: read before waiting on the previous kernel (q and positions come after).
-    kv_lo, kv_hi, shared_end, prefix, slide_end, ran = _kv_range(
+    kv_lo, kv_hi, shared_end, prefix, slide_end = _kv_range(
         seq_lens_ptr,
         query_lens_ptr,
         window,
@@ -371,24 +345,8 @@ def _attention_kernel(
         BLOCK_M,
         BLOCK_D,
     )
-    if PREFETCH_ROWS > 0:
-        if kv_lo < kv_hi:
-            lines = cache_row_lines(
-                kv_lo,
-                kv_hi,
-                block_tables_ptr + seq * stride_bt_seq,
-                stride_cache_slot,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                PREFETCH_ROWS,
-                LINES,
-                LINE_ELEMS,
-            )  # [PREFETCH_ROWS, LINES]
-            head_offset = kv_head * stride_cache_head
-            prefetch_l2(k_cache_ptr + head_offset + lines)
-            prefetch_l2(v_cache_ptr + head_offset + lines)
     pdl_enter(PDL)
-    # A split past the rows its tile sees does nothing: the merge reads only the splits that have
+    # A split past the rows its tile sees does nothing: the combine reads only the splits that have
     # rows (split 0 always runs, so every row gets a result).
     if (kv_lo < kv_hi) | (tl.program_id(2) == 0):
         q = load_queries(q_ptr, token, head, row_ok, offs_d, d_ok, stride_qt, stride_qh)
@@ -405,7 +363,6 @@ def _attention_kernel(
             part_acc_ptr,
             part_max_ptr,
             part_sum_ptr,
-            tickets_ptr,
             block_tables_ptr,
             custom_mask_ptr,
             qk_scale * k_scale,
@@ -427,7 +384,6 @@ def _attention_kernel(
             shared_end,
             prefix,
             slide_end,
-            ran,
             seq,
             kv_head,
             split,
@@ -449,7 +405,6 @@ def _attention_kernel(
             BLOCK_N_TAIL,
             BLOCK_D,
             SPLIT_KV,
-            MERGE,
             HAS_MASK,
             SLIDING,
             PRECISION,
@@ -467,7 +422,6 @@ def _attention_program(
     part_acc_ptr,
     part_max_ptr,
     part_sum_ptr,
-    tickets_ptr,
     block_tables_ptr,
     custom_mask_ptr,
     qk_scale,
@@ -489,7 +443,6 @@ def _attention_program(
     shared_end,
     prefix,
     slide_end,
-    ran,
     seq,
     kv_head,
     split,
@@ -511,7 +464,6 @@ def _attention_program(
     BLOCK_N_TAIL: tl.constexpr,
     BLOCK_D: tl.constexpr,
     SPLIT_KV: tl.constexpr,
-    MERGE: tl.constexpr,
     HAS_MASK: tl.constexpr,
     SLIDING: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -520,8 +472,7 @@ def _attention_program(
     """``_attention_kernel``'s work for a program with KV rows kv_lo .. kv_hi - 1 and the tile's queries
     q [BLOCK_M, BLOCK_D] (rows: ``query_rows``; positions q_pos, read with SLIDING only). ``qk_scale``
     holds an FP8 cache's k scale, ``v_scale`` (1.0 otherwise) multiplies the attended values. Without
-    SPLIT_KV the output is stored gated by GATE (``output_values``); with SPLIT_KV and MERGE, by the tile's
-    last split to finish, which merges the ``ran`` splits' partials (attention/split_merge.py)."""
+    SPLIT_KV the output is stored gated by GATE (``output_values``)."""
     # Online softmax state. The running max starts finite, so rows that have seen no visible key
     # yet keep exp2(-inf - max) = 0 and never compute inf - inf.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -621,55 +572,32 @@ def _attention_program(
     )
 
     acc = acc * v_scale  # (an FP8 cache's; 1.0 else)
+    out_ok = row_ok[:, None] & d_ok[None, :]
     if not SPLIT_KV:
-        store_output_tile(
+        out = output_values(
             acc / tl.where(l_i > 0, l_i, 1.0)[:, None],
-            out_ptr,
-            token,
-            head,
-            row_ok,
-            offs_d,
-            d_ok,
-            stride_ot,
-            stride_oh,
+            out_ptr.dtype.element_ty,
             gate_ptr,
+            token[:, None],
+            head[:, None],
+            row_ok[:, None],
+            offs_d[None, :],
+            d_ok[None, :],
             stride_gt,
             stride_gh,
             stride_gd,
             GATE,
         )
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out,
+            mask=out_ok,
+        )
     else:
         part = (split * num_tokens + token) * (KV_HEADS * GROUP) + head  # [BLOCK_M]
         tl.store(part_max_ptr + part, m_i, mask=row_ok)
         tl.store(part_sum_ptr + part, l_i, mask=row_ok)
-        out_ok = row_ok[:, None] & d_ok[None, :]
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_ok)
-        if MERGE:
-            merge_at_last_split(
-                part_acc_ptr,
-                part_max_ptr,
-                part_sum_ptr,
-                tickets_ptr,
-                out_ptr,
-                gate_ptr,
-                ran,
-                num_tokens,
-                token,
-                head,
-                row_ok,
-                offs_d,
-                d_ok,
-                stride_ot,
-                stride_oh,
-                stride_gt,
-                stride_gh,
-                stride_gd,
-                KV_HEADS * GROUP,
-                HEAD_DIM,
-                BLOCK_M,
-                BLOCK_D,
-                GATE,
-            )
 
 
 def launch_config(
@@ -851,9 +779,6 @@ def paged_attention(
     gate, gate_strides, gate_kind = gate_args(out_gate, out)
     split = cfg.num_splits > 1
     grid = (meta.num_seqs * kv_heads, cfg.num_q_tiles, cfg.num_splits)
-    # (the tiles' last splits merge: attention/split_merge.py; else the combine's launch)
-    merge = split and split_merge.merge_splits_in_kernel and grid[0] * grid[1] <= MAX_MERGE_TILES
-    tickets = merge_tickets(q.device) if merge else out  # (unused without a merge)
     if split:
         part_acc, part_max, part_sum = split_partials(
             cfg.num_splits, num_tokens, heads, head_dim, q.device
@@ -863,7 +788,6 @@ def paged_attention(
     mask_arg, window, mask_strides = mask_args(meta)
     sliding = sliding_window is not None
     k_scale, v_scale = scale_args(k_cache, kv_scales)
-    lines, line_elems = prefetch_lines(head_dim, k_cache)
     _attention_kernel[grid](
         q,
         k_cache,
@@ -873,7 +797,6 @@ def paged_attention(
         part_acc,
         part_max,
         part_sum,
-        tickets,
         token_table,
         meta.block_tables,
         meta.seq_lens,
@@ -907,21 +830,17 @@ def paged_attention(
         BLOCK_N_TAIL=cfg.block_n_tail,
         BLOCK_D=cfg.block_d,
         SPLIT_KV=split,
-        MERGE=merge,
         HAS_MASK=meta.custom_mask is not None,
         SLIDING=sliding,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         PDL=pdl,
         KV_SCALED=kv_scales is not None,
-        GATE=0 if split and not merge else gate_kind,  # split: the merge stores the output
-        PREFETCH_ROWS=prefetch_kv_rows if pdl else 0,
-        LINES=lines,
-        LINE_ELEMS=line_elems,
+        GATE=0 if split else gate_kind,  # split: the combine stores the output
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch_options(pdl),
     )
-    if split and not merge:
+    if split:
         combine_splits(
             (part_acc, part_max, part_sum),
             out,

@@ -37,7 +37,7 @@ build(tk._write_kv_kernel,
            k_scale_ptr="*fp32", v_scale_ptr="*fp32"),
       dict(KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128, QUANT=True), "write")
 attention = dict(q_ptr="*bf16", k_cache_ptr=fp8, v_cache_ptr=fp8, out_ptr="*bf16", part_acc_ptr="*fp32",
-                 part_max_ptr="*fp32", part_sum_ptr="*fp32", tickets_ptr="*i32", token_table_ptr="*i32",
+                 part_max_ptr="*fp32", part_sum_ptr="*fp32", token_table_ptr="*i32",
                  block_tables_ptr="*i64", seq_lens_ptr="*i64", query_lens_ptr="*i64",
                  custom_mask_ptr="*u8", positions_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
 shape = dict(KV_HEADS=8, GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, PRECISION="tf32", KV_SCALED=True)
@@ -45,8 +45,8 @@ for name, query_len, masked in (("decode", 1, False), ("tree+window", 6, True)):
     cfg = tk.launch_config(4, 8, 4, 128, 2, query_len, 8192, 132)
     build(tk._attention_kernel, attention,
           dict(shape, BLOCK_Q=cfg.block_q, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-               BLOCK_N_TAIL=cfg.block_n_tail, BLOCK_D=cfg.block_d, SPLIT_KV=True, MERGE=False, HAS_MASK=masked,
-               SLIDING=masked, PDL=False, PREFETCH_ROWS=0, LINES=1, LINE_ELEMS=128),
+               BLOCK_N_TAIL=cfg.block_n_tail, BLOCK_D=cfg.block_d, SPLIT_KV=True, HAS_MASK=masked,
+               SLIDING=masked, PDL=False),
           name, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 cfg = ia.invariant_launch_config(8, 4, 128, 2, 6, 8192)
 build(ia._invariant_attention_kernel, attention,
@@ -64,7 +64,7 @@ for name, heads, block_m, logical, warps, options in (
     build(mk._mla_kernel, mla,
           dict(HEADS=heads, R=512, P=64, BLOCK_R=512, BLOCK_P=64, BLOCK_SIZE=64, BLOCK_M=block_m, BLOCK_N=32,
                Q_PARTS=1, PARTIALS=True, HAS_MASK=True, LOGICAL_ROWS=logical, BLOCK_W=16,
-               PRECISION="tf32", KV_SCALED=True, PDL=not logical, PREFETCH_ROWS=0, LINES=1, LINE_ELEMS=128),
+               PRECISION="tf32", KV_SCALED=True, PDL=not logical),
           name, num_warps=warps, num_stages=2, **options)
 fused = {n: "*bf16" for n in ("x_ptr", "wq_ptr", "wq_scale_ptr", "w_uk_ptr", "kv_norm_ptr", "q_parts_ptr",
                                 "q_pe_ptr")}
