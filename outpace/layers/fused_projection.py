@@ -12,8 +12,7 @@ and a round trip of the activations each. Here one kernel does a projection and 
                            layers when given; RoPE on q and k; k and v stored straight into the paged
                            KV cache at the tokens' slots; returns q (with q_size 0: a k/v-only write).
                            With per-head norms on heads too wide for one program an SM (head_dim 256 or
-                           512: Gemma, Qwen3-Next), a plain projection then ``qkv_heads_kernel`` per head,
-                           or (``qkv_split_k``) one launch with K split among each head's programs
+                           512: Gemma, Qwen3-Next), a plain projection then ``qkv_heads_kernel`` per head
 - ``norm_project_qkv_gate`` the same over [q | k | v | gate] (Step-3.5's head-wise gate) or with each q
                            head's gate head beside it (Qwen3-Next): the gate's rows ride in the plain
                            projection's launch, their products returned beside q
@@ -78,13 +77,6 @@ from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
 
-# q/k/v with per-head norms where whole heads a program would leave SMs idle (``_splits_heads``): True splits K
-# among about one program an SM, the last of a head's programs to arrive finishing it (``_sum_k_splits``), one
-# launch where the per-head kernel takes a second; False: the plain projection, then ``qkv_heads_kernel``.
-# Off until a decode step measures it (benchmarks/scripts/decode_settings.py qkv_split_k_*).
-qkv_split_k = False
-_MAX_K_SPLITS = 8
-_MAX_SPLIT_TILES = 1024  # (row tile, program) pairs a split launch takes at most: its tickets
 _PREFETCH_K = 512  # weight columns each program prefetches into L2 before waiting on its inputs (~2 us of reads)
 # Software pipeline stages of the weight stream (``python -m outpace.bench.profile 8b`` sweeps them inside the
 # captured 8B forward): more bytes in flight stream faster, but q/k/v leaves room for the attention programs
@@ -367,15 +359,13 @@ def _launch(
     softcap: float | None = None,
     relu2: bool = False,
     argmax: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
-    k_splits: int = 1,
 ) -> torch.Tensor:
     """norm: (sq_parts [P, M], eps) when x is a normed stream; next_norm: (weight [N], normed out [M, N],
     sq_parts out [programs x sub-tiles, M]: ``_launch_grid``), its scale next_offset + weight; qk_norm:
     (q_norm weight, k_norm weight, eps) for QKV, scales qk_offset + weight, ``v_norm``: v normalised too;
     ``act``: SWIGLU's gate activation, "silu" or a GELU-tanh name; ``softcap``: PLAIN's cap; ``relu2``:
     PLAIN's outputs relu(.)^2; ``argmax``: (row_index [M] or None, map or None), PLAIN's ARGMAX into out [M]
-    int64 (row r reads x's row row_index[r]); ``k_splits``: QKV's K split among that many programs a head
-    (``norm_project_qkv``).
+    int64 (row r reads x's row row_index[r]).
     ``tiles`` (benchmarks): (outputs a program, BK, warps, stages, outputs a sub-tile at most), None for
     the default of an entry."""
     if v_norm and qk_norm is None:
@@ -398,12 +388,6 @@ def _launch(
     fp8 = weight if isinstance(weight, Fp8Weight) else None
     weight = fp8.weight if fp8 else weight
     outs, block_k, num_warps, num_stages, max_block = tiles or (None,) * 5
-    if k_splits > 1:
-        if epilogue != QKV.value or qk_norm is None or fp8 is not None:
-            raise ValueError(
-                "K is split for q/k/v with per-head norms over a half-precision weight only"
-            )
-        outs = half  # one head a program (one sub-tile)
     grid = _launch_grid(
         n_out,
         epilogue,
@@ -459,24 +443,7 @@ def _launch(
             row_tiles,
             torch.int32,
         )
-    part = tickets = x  # (split K's: not read otherwise)
-    k_per_split = k
-    if k_splits > 1:
-        k_per_split = triton.cdiv(triton.cdiv(k, k_splits), block_k) * block_k
-        k_splits = triton.cdiv(k, k_per_split)
-        part = torch.empty(
-            k_splits * row_tiles * grid.programs * 2 * MAX_ROWS * grid.block_n,
-            dtype=torch.float32,
-            device=x.device,
-        )
-        if row_tiles * grid.programs > _MAX_SPLIT_TILES:
-            raise ValueError(
-                f"split K over {row_tiles * grid.programs} tiles (at most {_MAX_SPLIT_TILES})"
-            )
-        tickets = zeroed_scratch(  # one a (row tile, program)
-            "layers/fused_projection.py: split K's tickets", x.device, _MAX_SPLIT_TILES, torch.int32
-        )
-    fused_rows_kernel[(row_tiles, grid.programs, k_splits)](
+    fused_rows_kernel[(row_tiles, grid.programs)](
         x,
         weight,
         out,
@@ -499,8 +466,6 @@ def _launch(
         best_idx,
         arrivals,
         x if token_map is None else token_map,
-        part,
-        tickets,
         m,
         sq_in.shape[1] if norm is not None else m,
         n_out,
@@ -520,7 +485,6 @@ def _launch(
         next_offset,
         qk_offset,
         1.0 if softcap is None else softcap,
-        k_per_split,
         OUTS=grid.outs,
         CHUNK=grid.chunk,
         SCALE_ROWS=norm is not None,
@@ -547,7 +511,6 @@ def _launch(
         ARGMAX=argmax is not None,
         MAP=token_map is not None,
         BLOCK_PROGS=triton.next_power_of_2(grid.programs) if argmax is not None else 1,
-        K_SPLITS=k_splits,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch_options(use_pdl),
@@ -741,7 +704,6 @@ def norm_project_qkv(
     v_norm: bool = False,
     split_heads: bool | None = None,
     v_from_k: bool = False,
-    k_splits: int | None = None,
 ) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor or an ``Fp8Weight``); positions,
     slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
@@ -756,32 +718,16 @@ def norm_project_qkv(
     Two kernels, the projection and then ``qkv_heads_kernel`` per head, where ``split_heads`` asks for it
     (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside
     batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
-    fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel.
-    One kernel with K split among ``k_splits`` programs a head (with per-head norms over a half-precision
-    weight, whole rotary; by default where ``_splits_heads`` would take two kernels, with ``qkv_split_k``)."""
+    fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // (1 if v_from_k else 2)
     heads = _QkvHeads(
         head_dim, q_size, kv_size, positions, cos, sin, k_cache, v_cache, slot_mapping, v_from_k
     )
-    one_kernel = not (v_from_k or heads.partial or _quantized_product(qkv))
     if split_heads is None:
         split_heads = qk_norm is not None and _splits_heads(qkv.shape[0], head_dim, x.device)
-        if (
-            split_heads
-            and one_kernel
-            and qkv_split_k
-            and k_splits is None
-            and not batch_invariant()
-        ):
-            k_splits = _qkv_k_splits(qkv.shape[0] // head_dim, x.device)
-    k_splits = k_splits or 1
-    if k_splits > 1 and not one_kernel:
-        raise ValueError(
-            "K is split for q/k/v in one kernel only: not with v_from_k, partial rotary or an fp8 weight"
-        )
-    if (split_heads and k_splits == 1) or not one_kernel:
+    if split_heads or v_from_k or heads.partial or _quantized_product(qkv):
         return _project_then_heads(x, norm, qkv, heads, qk_norm, qk_offset, v_norm, pdl, tiles)[0]
     q = torch.empty(x.shape[0], q_size, dtype=x.dtype, device=x.device)
     return _launch(
@@ -798,13 +744,7 @@ def norm_project_qkv(
         tiles=tiles,
         qk_offset=qk_offset,
         v_norm=v_norm,
-        k_splits=k_splits,
     )
-
-
-def _qkv_k_splits(heads: int, device: torch.device) -> int:
-    """K splits for q/k/v's ``heads`` (q, k and v heads) a head a program: about one program an SM, one wave."""
-    return max(1, min(_MAX_K_SPLITS, num_sms(device) // heads))
 
 
 def norm_project_qkv_gate(

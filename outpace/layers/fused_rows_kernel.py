@@ -61,8 +61,6 @@ def fused_rows_kernel(
     best_idx_ptr,
     arrivals_ptr,
     map_ptr,
-    part_ptr,
-    tickets_ptr,
     M,
     sq_m,
     N_OUT,
@@ -82,7 +80,6 @@ def fused_rows_kernel(
     next_offset,
     qk_offset,
     cap,
-    k_per_split,
     OUTS: tl.constexpr,
     CHUNK: tl.constexpr,
     SCALE_ROWS: tl.constexpr,
@@ -109,7 +106,6 @@ def fused_rows_kernel(
     ARGMAX: tl.constexpr,
     MAP: tl.constexpr,
     BLOCK_PROGS: tl.constexpr,
-    K_SPLITS: tl.constexpr,
 ):
     """Program (t, p) owns outputs p * OUTS ... p * OUTS + OUTS - 1 of the rows of tile t (rows t * BM ...
     t * BM + BM - 1) and computes them as ``subs`` sub-tiles of CHUNK (<= BN) consecutive outputs each.
@@ -130,10 +126,7 @@ def fused_rows_kernel(
     ARGMAX (PLAIN, ``head_argmax``): nothing is stored per output; out [M] int64 receives each row's first
     column of the largest result (through ``map``, a lookup table, with MAP). Each program keeps its best over
     its sub-tiles and writes it to best_val / best_idx [row tiles, programs, BM]; the row tile's last program
-    to arrive (arrivals [row tiles], left zero) takes the best of those, the lowest column among equals.
-    K_SPLITS (QKV, one sub-tile a program: ``norm_project_qkv``'s split K): program (t, p, s) sums K columns
-    s * k_per_split ... (s + 1) * k_per_split - 1 only; the last of the K_SPLITS programs of (t, p) to arrive
-    adds every split's sums in split order and finishes the tile (``_sum_k_splits``)."""
+    to arrive (arrivals [row tiles], left zero) takes the best of those, the lowest column among equals."""
     pid = tl.program_id(1)
     own_end = tl.minimum(pid * OUTS + OUTS, N_OUT)
     paired: tl.constexpr = EPILOGUE != PLAIN
@@ -143,17 +136,13 @@ def fused_rows_kernel(
     if GATHER:
         src = tl.load(row_index_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     ks = tl.arange(0, BK)
-    k_lo, k_hi = 0, K  # the program's K columns
-    if K_SPLITS > 1:
-        k_lo = tl.program_id(2) * k_per_split
-        k_hi = tl.minimum(K, k_lo + k_per_split)
     if PDL:
         i = pid * OUTS + tl.arange(0, BN)  # the first sub-tile's outputs
         i = tl.where((i < pid * OUTS + CHUNK) & (i < own_end), i, pid * OUTS)
         if paired:
             i = (i // HALF) * (2 * HALF) + i % HALF
-        lines = k_lo + tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128 B
-        lines = tl.where(lines < k_hi, lines, 0)[None, :]  # never past the program's columns
+        lines = tl.arange(0, PREFETCH_K // 64) * 64  # one bf16 element per 128 B
+        lines = tl.where(lines < K, lines, 0)[None, :]  # never past a row's end
         row_a = i[:, None] * stride_wn
         prefetch_l2(w_ptr + row_a + lines)
         if paired:
@@ -192,9 +181,9 @@ def fused_rows_kernel(
                 )
         acc_a = tl.zeros((BM, BN), dtype=tl.float32)
         acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-        for k0 in range(k_lo, k_hi, BK):
+        for k0 in range(0, K, BK):
             kk = k0 + ks  # [BK]
-            k_ok = kk < k_hi
+            k_ok = kk < K
             x = tl.load(
                 x_ptr + src[:, None] * stride_xm + kk[None, :],
                 mask=row_ok[:, None] & k_ok[None, :],
@@ -216,11 +205,6 @@ def fused_rows_kernel(
                     x, w_b, scale_ptr, col_a + HALF, k0, i_ok, stride_sn, stride_sk, FP8,
                     SCALE_BN, SCALE_BK, PRECISION,
                 )  # fmt: skip
-        if K_SPLITS > 1:  # the tile's whole sums in its last split's program, which alone stores
-            acc_a, acc_b, last = _sum_k_splits(
-                acc_a, acc_b, part_ptr, tickets_ptr, K_SPLITS, BM, BN
-            )
-            ok = ok & last
         if SCALE_ROWS:
             acc_a *= rstd
             acc_b *= rstd
@@ -349,40 +333,6 @@ def _argmax_across_programs(
             first = tl.load(map_ptr + first, mask=row_ok, other=0)
         tl.store(out_ptr + rows, first.to(tl.int64), mask=row_ok)
         tl.atomic_xchg(arrivals, 0)
-
-
-@triton.jit
-def _sum_k_splits(
-    acc_a,
-    acc_b,  # [BM, BN] float32: this program's sums over its K columns
-    part_ptr,  # [K_SPLITS, row tiles x programs, 2, BM, BN] float32, written
-    tickets_ptr,  # [row tiles x programs] int32, zero between launches (layers/zeroed_scratch.py)
-    K_SPLITS: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-):
-    """Split K's meeting (``fused_rows_kernel`` K_SPLITS): this program's sums into its split's slot, then a
-    ticket. The tile's last program to take one gets (the sums of every split, added in split order: the
-    same bits whichever arrives last, True) and zeroes the ticket again; the others get (zeros, False). The
-    ticket is an atomic add, acq_rel at gpu scope, after a barrier: it releases the program's slot, and the
-    last acquires every program's, read past L1 (as ``_argmax_across_programs``)."""
-    tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    slots = tl.num_programs(0) * tl.num_programs(1)
-    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]  # [BM, BN]
-    mine = part_ptr + (tl.program_id(2) * slots + tile).to(tl.int64) * (2 * BM * BN) + offs
-    tl.store(mine, acc_a)
-    tl.store(mine + BM * BN, acc_b)
-    tl.debug_barrier()  # every thread's slot before the ticket (one thread takes it for the program)
-    last = tl.atomic_add(tickets_ptr + tile, 1, sem="acq_rel", scope="gpu") == K_SPLITS - 1
-    acc_a = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_b = tl.zeros((BM, BN), dtype=tl.float32)
-    for split in tl.static_range(K_SPLITS):
-        part = part_ptr + (split * slots + tile).to(tl.int64) * (2 * BM * BN) + offs
-        acc_a += tl.load(part, mask=last, other=0.0, cache_modifier=".cg")
-        acc_b += tl.load(part + BM * BN, mask=last, other=0.0, cache_modifier=".cg")
-    if last:
-        tl.atomic_xchg(tickets_ptr + tile, 0)
-    return acc_a, acc_b, last
 
 
 @triton.jit

@@ -137,35 +137,19 @@ def test_norm_project_swiglu_of_an_input_already_normalised():
 
 
 @pytest.mark.parametrize(
-    "qk_norm,split_heads,rotated_part,k_splits",
-    [
-        (False, None, 1, None),
-        (True, False, 1, None),
-        (True, True, 1, None),
-        (True, None, 1, 3),
-        (True, None, 2, None),
-        (True, None, 4, None),
-    ],
-    ids=[
-        "llama",
-        "qk_norm",
-        "qk_norm_split_heads",
-        "qk_norm_split_k",
-        "half_rotated",
-        "quarter_rotated",
-    ],
+    "qk_norm,split_heads,rotated_part",
+    [(False, None, 1), (True, False, 1), (True, True, 1), (True, None, 2), (True, None, 4)],
+    ids=["llama", "qk_norm", "qk_norm_split_heads", "half_rotated", "quarter_rotated"],
 )
 @pytest.mark.parametrize(
     "m,heads,kv_heads,head_dim", [(1, 4, 2, 32), (11, 6, 2, 16), (16, 2, 2, 64), (3, 4, 2, 128)]
 )
 def test_norm_project_qkv_rotates_and_writes_the_cache(
-    m, heads, kv_heads, head_dim, qk_norm, split_heads, rotated_part, k_splits
+    m, heads, kv_heads, head_dim, qk_norm, split_heads, rotated_part
 ):
     """Partial rotary (rotated_part 2, 4: Step-3.5's full-attention layers turn half of each head,
     Qwen3-Next's a quarter) takes the per-head kernel: the first head_dim / rotated_part dimensions
-    turned in neox pairs, the rest passed. Split K: the 72 columns in K steps of 16 among 3 programs a head
-    (32, 32 and 8 columns), the last to arrive finishing the head."""
-    tiles = (None, 16, None, None, None) if k_splits else None
+    turned in neox pairs, the rest passed."""
     k_in, q_size, kv_size = 72, heads * head_dim, kv_heads * head_dim
     x, nw = _rand(m, k_in, seed=16), _rand(k_in, seed=17)
     w = _rand(q_size + 2 * kv_size, k_in, seed=18)
@@ -208,8 +192,6 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(
         slots.to(DEVICE),
         qk_norm=(qn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
         split_heads=split_heads,
-        tiles=tiles,
-        k_splits=k_splits,
     )
     _close(out, q_ref.reshape(m, q_size))
     _close(
@@ -233,8 +215,6 @@ def test_norm_project_qkv_rotates_and_writes_the_cache(
         slots.to(DEVICE),
         qk_norm=(kn.to(DEVICE), kn.to(DEVICE), EPS) if qk_norm else None,
         split_heads=split_heads,
-        tiles=tiles,
-        k_splits=k_splits,
     )
     _close(kv_only[0].view(-1, kv_size)[slots], k_ref.reshape(m, kv_size))
     _close(kv_only[1].view(-1, kv_size)[slots], v)

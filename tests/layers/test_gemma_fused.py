@@ -63,22 +63,16 @@ def test_gelu_tanh_gate():
     assert not torch.allclose(silu, out, atol=1e-3)
 
 
+@pytest.mark.parametrize("split_heads", [False, True], ids=["fused", "split_heads"])
 @pytest.mark.parametrize(
-    "offset,v_norm,v_from_k,path",
-    [
-        (offset, v_norm, v_from_k, path)
-        for offset, v_norm, v_from_k in ((1.0, False, False), (0.0, True, False), (0.0, True, True))
-        for path in ("fused", "split_heads", "split_k")
-        if not (v_from_k and path == "split_k")
-    ],
-    ids=lambda v: {1.0: "gemma3", 0.0: "gemma4"}.get(v) if isinstance(v, float) else str(v),
+    "offset,v_norm,v_from_k",
+    [(1.0, False, False), (0.0, True, False), (0.0, True, True)],
+    ids=["gemma3", "gemma4", "gemma4-k-eq-v"],
 )
-def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, v_from_k, path):
+def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, v_from_k, split_heads):
     """q/k head norms with scale offset + w, v heads normalised without a weight (Gemma 4), partial RoPE;
-    with ``v_from_k`` a weight of q and k rows only, v being k's projection before k's norm and RoPE. Split K
-    (two programs a head, 16 columns each, the last to arrive finishing the head) with whole RoPE."""
+    with ``v_from_k`` a weight of q and k rows only, v being k's projection before k's norm and RoPE."""
     m, heads, kv_heads, d, hidden = 3, 4, 2, 16, 32
-    split_heads, k_splits = path == "split_heads", 2 if path == "split_k" else None
     x, qkv = (
         _rand(m, hidden, seed=1, scale=2),
         _rand((heads + 2 * kv_heads) * d, hidden, seed=2, scale=0.3),
@@ -88,9 +82,8 @@ def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, v_from_k, path):
     ):  # (the v rows a copy of the k rows for the reference, left out of the kernel's weight)
         qkv[(heads + kv_heads) * d :] = qkv[heads * d : (heads + kv_heads) * d]
     norm, q_norm, k_norm = _norm(hidden, offset, 3), _norm(d, offset, 4), _norm(d, offset, 5)
-    rotary_factor = 1.0 if k_splits else 0.25
     rope = RotaryEmbedding(
-        d, 64, 1e4, {"rope_type": "proportional", "partial_rotary_factor": rotary_factor}
+        d, 64, 1e4, {"rope_type": "proportional", "partial_rotary_factor": 0.25}
     ).to(DEVICE)
     positions, slots = (
         torch.tensor([5, 17, 40], device=DEVICE),
@@ -119,8 +112,6 @@ def test_qkv_with_norm_variants_and_v_norm(offset, v_norm, v_from_k, path):
         v_norm=v_norm,
         split_heads=split_heads,
         v_from_k=v_from_k,
-        tiles=(None, 16, None, None, None) if k_splits else None,
-        k_splits=k_splits,
     )
     torch.testing.assert_close(out, q.reshape(m, -1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_cache.view(-1, kv_heads, d)[slots], k, rtol=1e-5, atol=1e-5)
