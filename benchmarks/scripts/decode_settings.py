@@ -1,9 +1,16 @@
 """Launch settings (module attributes of the kernels' files) measured on a family's decode step (bench/family_shapes.py,
-random bf16 weights, or a sweep's quantization as bench/families.py's ``--quantized``, one GPU): for each setting of a sweep, the decode graphs captured again and the engine's step
-time (bench/gpu.py ``time_decode``) at the sweep's (batch, cached tokens) points; each setting twice, in two passes,
-the lower kept. A setting that fails to compile or run (shared memory, registers) is reported and skipped.
+random bf16 weights, or a sweep's quantization as bench/families.py's ``--quantized``, one GPU): for each setting of a
+sweep, the decode graphs captured again and the engine's step time (bench/gpu.py ``time_decode``) at the sweep's
+(batch, cached tokens) points; each setting twice, in two passes, the lower kept. A setting that fails to compile or
+run (shared memory, registers) is reported and skipped.
 
-    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP   (SWEEP: a key of ``SWEEPS``)"""
+    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT.json SWEEP
+    PYTHONPATH=. python3 benchmarks/scripts/decode_settings.py OUT_DIR SWEEP SWEEP ...   (OUT_DIR/SWEEP.json each)
+
+(SWEEP: a key of ``SWEEPS``.) Several sweeps run in one process, and consecutive sweeps of one shape and
+quantization on one engine, built once with every batch they time: a device call then pays for a build and the
+kernels' first compilation once a shape, where a process a sweep paid them each time (gpu_2026-12-05d call 9 built
+Qwen3-30B-A3B four times, and two sweeps ran out of their time limits before a row)."""
 
 from __future__ import annotations
 
@@ -422,39 +429,26 @@ def apply(setting: dict, shipped: dict) -> None:
         setattr(module, attr, setting.get(knob, shipped[knob]))
 
 
-def main(out: str, sweep_name: str) -> None:
-    sweep = SWEEPS[sweep_name]
-    shipped = {knob: getattr(module, attr) for knob, (module, attr) in KNOBS.items()}
+def run_sweep(llm, sweep: Sweep, shipped: dict) -> dict:
+    """Each of the sweep's settings in turn on ``llm``'s engine, two passes; the report (the lower step ms of a
+    point's two passes)."""
     times: dict[tuple[int, int, int], list[float]] = {}
-    batches = tuple(sorted({b for b, _ in sweep.points}))
-    with tempfile.TemporaryDirectory() as tmp:
-        config = _config(sweep)
-        # (at least 2 requests' KV: time_decode asks 64 tokens a step for its one request at batch 1)
-        llm = build(Path(tmp), config, max_num_seqs=max(2, *batches), graph_sizes=batches)
-        try:
-            for _ in range(2):
-                for i, setting in enumerate(sweep.settings):
-                    apply(setting, shipped)
-                    try:
-                        _recapture_decode(llm.engine)
-                        for batch, context in sweep.points:
-                            ms = time_decode(llm, batch, context, steps=24)["step_ms"]
-                            times.setdefault((i, batch, context), []).append(ms)
-                            print(
-                                f"  {setting or 'shipped'} b{batch}@{context}: {ms:.3f} ms",
-                                flush=True,
-                            )
-                    except Exception as e:  # noqa: BLE001 (a setting beyond the shared memory)
-                        print(f"setting {setting}: {type(e).__name__}: {e}"[:300], flush=True)
-        finally:
-            apply({}, shipped)
-            close(llm)
-    table = [
-        {"setting": sweep.settings[i], "batch": b, "context": c, "step_ms": min(ms)}
-        for (i, b, c), ms in times.items()
-    ]
-    report = {"shape": sweep.shape, "shipped": shipped, "rows": table}
-    Path(out).write_text(json.dumps(report, indent=1))
+    try:
+        for _ in range(2):
+            for i, setting in enumerate(sweep.settings):
+                apply(setting, shipped)
+                try:
+                    _recapture_decode(llm.engine)
+                    for batch, context in sweep.points:
+                        ms = time_decode(llm, batch, context, steps=24)["step_ms"]
+                        times.setdefault((i, batch, context), []).append(ms)
+                        print(
+                            f"  {setting or 'shipped'} b{batch}@{context}: {ms:.3f} ms", flush=True
+                        )
+                except Exception as e:  # noqa: BLE001 (a setting beyond the shared memory)
+                    print(f"setting {setting}: {type(e).__name__}: {e}"[:300], flush=True)
+    finally:
+        apply({}, shipped)
     print(
         f"{sweep.shape}: " + " ".join(f"b{b}@{c}" for b, c in sweep.points) + " (step ms)  setting"
     )
@@ -463,7 +457,49 @@ def main(out: str, sweep_name: str) -> None:
             f"{min(times[(i, b, c)]):7.3f}" if (i, b, c) in times else "      -"
             for b, c in sweep.points
         )
-        print(f"{cells}  {setting or 'shipped'}")
+        print(f"{cells}  {setting or 'shipped'}", flush=True)
+    rows = [
+        {"setting": sweep.settings[i], "batch": b, "context": c, "step_ms": min(ms)}
+        for (i, b, c), ms in times.items()
+    ]
+    return {"shape": sweep.shape, "shipped": shipped, "rows": rows}
+
+
+def engine_groups(names: list[str]) -> list[list[str]]:
+    """The sweeps in order, consecutive ones of one shape and quantization together (one engine each)."""
+    groups: list[list[str]] = []
+    for name in names:
+        key = (SWEEPS[name].shape, SWEEPS[name].quantized)
+        if groups and (SWEEPS[groups[-1][0]].shape, SWEEPS[groups[-1][0]].quantized) == key:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def main(out: str, *sweep_names: str) -> None:
+    unknown = [name for name in sweep_names if name not in SWEEPS]
+    if not sweep_names or unknown:
+        raise SystemExit(f"sweeps: one or more of {sorted(SWEEPS)} (unknown: {unknown})")
+    if len(sweep_names) > 1:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    shipped = {knob: getattr(module, attr) for knob, (module, attr) in KNOBS.items()}
+    for group in engine_groups(list(sweep_names)):
+        sweeps = [SWEEPS[name] for name in group]
+        batches = tuple(sorted({b for sweep in sweeps for b, _ in sweep.points}))
+        with tempfile.TemporaryDirectory() as tmp:
+            # (at least 2 requests' KV: time_decode asks 64 tokens a step for its one request at batch 1)
+            llm = build(
+                Path(tmp), _config(sweeps[0]), max_num_seqs=max(2, *batches), graph_sizes=batches
+            )
+            try:
+                for name, sweep in zip(group, sweeps):
+                    report = run_sweep(llm, sweep, shipped)
+                    path = Path(out) / f"{name}.json" if len(sweep_names) > 1 else Path(out)
+                    path.write_text(json.dumps(report, indent=1))
+                    print(f"{name}: {path}", flush=True)
+            finally:
+                close(llm)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ gpu_2026-12-05c call 2.)"""
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 
 from helpers.bench_scripts import load_bench_script
@@ -81,3 +84,44 @@ def test_a_wrong_knob_value_or_shape_is_named():
     assert len(errors) == 4 and errors[3].startswith(
         "sweep y: shape 'gemma-4-26b-a4b' with --quantized fp8"
     )
+
+
+def test_sweeps_of_one_shape_share_one_engine(tmp_path, monkeypatch):
+    """Several sweeps in one call: one build a run of consecutive sweeps of a shape, with every batch they time;
+    each sweep's JSON beside the others; the shipped values back after each sweep. The build and the timing are
+    stand-ins (the real ones need a GPU): a point takes its batch in ms, plus 1 where the gate/up tiles differ
+    from the shipped ones."""
+    script = load_bench_script("decode_settings")
+    shipped_tiles = script.moe_kernels.few_token_gate_up
+    builds = []
+
+    def build(tmp, config, **kwargs):
+        builds.append((config["shape"], kwargs["graph_sizes"]))
+        return SimpleNamespace(engine=None)
+
+    def time_decode(llm, batch, context, steps):
+        return {"step_ms": batch + float(script.moe_kernels.few_token_gate_up != shipped_tiles)}
+
+    monkeypatch.setattr(script, "_config", lambda sweep: {"shape": sweep.shape})
+    monkeypatch.setattr(script, "build", build)
+    monkeypatch.setattr(script, "close", lambda llm: None)
+    monkeypatch.setattr(script, "_recapture_decode", lambda engine: None)
+    monkeypatch.setattr(script, "time_decode", time_decode)
+    script.main(str(tmp_path), "a3b_qwen3", "gate_up_n16_qwen3", "swiglu_llama")
+
+    assert builds == [("qwen3-30b-a3b", (1, 8)), ("llama-3.1-8b", (1, 8))]
+    assert script.moe_kernels.few_token_gate_up == shipped_tiles
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a3b_qwen3.json",
+        "gate_up_n16_qwen3.json",
+        "swiglu_llama.json",
+    ]
+    report = json.loads((tmp_path / "gate_up_n16_qwen3.json").read_text())
+    sweep = script.SWEEPS["gate_up_n16_qwen3"]
+    assert report["shape"] == "qwen3-30b-a3b"
+    assert len(report["rows"]) == len(sweep.settings) * len(sweep.points)
+    for row in report["rows"]:
+        assert row["step_ms"] == row["batch"] + (row["setting"] != {})
+
+    script.main(str(tmp_path / "one.json"), "swiglu_llama")  # one sweep: OUT is its JSON
+    assert json.loads((tmp_path / "one.json").read_text())["shape"] == "llama-3.1-8b"
