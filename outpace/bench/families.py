@@ -522,14 +522,17 @@ def run_families_bench(
 
 
 def plot_families(results: dict, path: Path) -> None:
-    """Fraction of the floor per shape and batch (bars), verify cost against tokens per sequence (curves)."""
+    """Fraction of the floor per shape and batch (bars); verify cost against tokens per sequence (curves), where
+    a verify was measured."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     measured = {n: r for n, r in results.items() if "decode" in r}
-    fig, (bars, curves) = plt.subplots(1, 2, figsize=(15, 5.5))
+    verified = any(r.get("verify") for r in measured.values())  # --no-verify: the bars alone
+    fig, axes = plt.subplots(1, 2 if verified else 1, figsize=(15 if verified else 7.5, 5.5))
+    bars = axes[0] if verified else axes
     width = 0.8 / len(BATCHES)
     for j, batch in enumerate(BATCHES):
         values = [
@@ -545,6 +548,15 @@ def plot_families(results: dict, path: Path) -> None:
     bars.set_ylabel(f"fraction of the floor (decode, context {CONTEXT})")
     bars.axhline(1.0, color="grey", lw=0.8)
     bars.legend()
+    if verified:
+        plot_verify_curves(axes[1], measured)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_verify_curves(curves, measured: dict) -> None:
+    """Each shape's captured verify step time against tokens per sequence, relative to 1 token."""
     for i, (name, r) in enumerate(measured.items()):
         for v, style in zip(r.get("verify", []), ("-", "--")):
             tokens = range(1, len(v["relative"]) + 1)
@@ -553,9 +565,6 @@ def plot_families(results: dict, path: Path) -> None:
     curves.set_xlabel("tokens per sequence verified")
     curves.set_ylabel("captured step time relative to 1 token")
     curves.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def compare_runs(results: dict, runs: dict[str, dict]) -> dict[str, list[dict]]:

@@ -121,6 +121,9 @@ ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations 
 # 3.332 / 8.528, DeepSeek-V2-Lite 2.533 / 6.997 / 12.370 against 2.581 / 6.965 / 12.399, in block FP8 2.038 / 4.764
 # / 8.160 against 2.037 / 4.785 / 8.200, Gemma 4 3.900 / 9.460 / 18.826 against 3.894 / 9.475 / 18.890, the
 # Mistral Small 4 slice 1.621 / 4.896 / 12.167 against 1.637 / 4.894 / 12.200.
+# Longer K steps lost or tied (expert_k_steps_*, gpu_2026-12-05e call 13, an H100, batch 1 / 8): gate/up
+# (32, 512, 4, 2) Qwen3-30B-A3B 3.412 / 10.324 against 3.365 / 10.288, DeepSeek-V2-Lite 2.577 / 7.003 against
+# 2.508 / 6.971; down (64, 256, 4, 3) 3.315 / 10.306 and 2.495 / 6.985: within the runs' spread but at one batch.
 few_token_gate_up = (32, 256, 4, 3)
 few_token_down = (64, 128, 4, 4)
 # Whether quantized stacks launch with programmatic dependent launch too, by format. Alone (decode_settings.py

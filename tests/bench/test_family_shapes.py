@@ -196,3 +196,19 @@ def test_reports_of_parts_of_the_shapes_merge_into_one():
     merged = merge_reports([first, second])
     assert merged["shapes"] == {"a": {"decode": [1]}, "b": {"decode": [2]}, "c": {}}
     assert merged["device"] == "H200"
+
+
+@pytest.mark.parametrize("verified", [False, True])
+def test_the_plot_draws_verify_curves_only_where_a_verify_ran(verified, tmp_path):
+    """``--no-verify`` leaves no curve to draw: the figure is the bars alone (half as wide), not an empty panel."""
+    from PIL import Image
+
+    from outpace.bench.families import plot_families
+
+    decode = [{"batch": b, "fraction_of_floor": 0.5} for b in (1, 8, 32)]
+    shape = {"decode": decode}
+    if verified:
+        shape["verify"] = [{"batch": 1, "relative": [1.0, 1.2, 1.5]}]
+    plot_families({"a-shape": shape}, tmp_path / "families.png")
+    width = Image.open(tmp_path / "families.png").size[0]
+    assert width == (1800 if verified else 900)
