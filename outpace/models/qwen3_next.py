@@ -85,7 +85,7 @@ from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
 from outpace.models.config_hooks import ConfigHooks
-from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count
+from outpace.models.drafts.hybrid_mtp import QwenMTP, mtp_layer_count, step_checkpoint_name
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.multimodal import TextOfMultimodal
 from outpace.validation import ConfigError, ConfigFields, require
@@ -558,6 +558,11 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     ) -> torch.Tensor:
         """[n, hidden] pre-norm -> [n, vocab] float32 logits (written into ``out`` if given)."""
         return norm_head_logits(self.model.norm, self.lm_head, hidden_states, out)
+
+    def checkpoint_name(self, param_name: str) -> str:
+        """The MTP steps' parameters (``mtp_layers.{k}.*``) under the checkpoint's ``mtp.*`` names; the model's
+        own parameters are named as the checkpoint names them (``mtp`` registered before the steps)."""
+        return step_checkpoint_name(param_name)
 
     # aux layer capture, the embedding and the greedy head as the Llama family's (models/llama.py)
     greedy_tokens = LlamaForCausalLM.greedy_tokens

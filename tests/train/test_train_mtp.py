@@ -2,6 +2,8 @@
 loss falls, only the MTP tensors change, the copy serves losslessly with --method mtp and its held-out
 acceptance is measured; the chain forward reads the rows and tokens the serving layers read."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +13,9 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.config import SpeculativeConfig
 from outpace.models.loader import load_model
 from outpace.train.distill import teacher_forward
-from outpace.train.recipes.mtp import MTPRecipe, mtp_chain, train_mtp
+from outpace.train.recipes.mtp import MTPRecipe, checkpoint_names, mtp_chain, train_mtp
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
 
 
 @pytest.fixture(scope="module")
@@ -99,3 +103,33 @@ def test_refusals(toy_target, tmp_path):
         train_mtp(toy_target, MTPRecipe.toy(num_layers=4, steps=1), tmp_path / "o", "cpu")
     with pytest.raises(ValueError, match="must differ"):
         train_mtp(toy_target, MTPRecipe.toy(), toy_target, "cpu")
+
+
+def test_qwen35_layout_is_written_back_under_mtp_names(tmp_path, toy_eval_prompts):
+    """Qwen3.5's ``mtp.*`` layout (the steps share ``mtp.fc`` and the norms; each has ``mtp.layers.{k}``): the
+    tuned tensors go back under the checkpoint's names, the shared fc once, and nothing of the target moves."""
+    target_dir = ZOO / "tinyqwen35"
+    out = tmp_path / "tuned"
+    train_mtp(target_dir, MTPRecipe.toy(eval_prompts=toy_eval_prompts, steps=4), out, "cpu")
+    before, after = (
+        load_file(target_dir / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
+    assert before.keys() == after.keys()
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.startswith("mtp.") for k in changed), sorted(changed)[:5]
+    assert {
+        "mtp.fc.weight",
+        "mtp.layers.0.mlp.down_proj.weight",
+        "mtp.layers.1.mlp.down_proj.weight",
+    } <= changed
+
+
+def test_a_layout_that_cannot_be_written_back_is_refused_before_training(toy_target):
+    """Names the target's files do not hold are refused by name, with the directory, before any step runs."""
+    target = load_model(toy_target, torch.float32, progress=False)
+    target.checkpoint_name = lambda name: f"elsewhere.{name}"
+    with pytest.raises(
+        ValueError, match=r"elsewhere\.mtp_layers\.0\..*not in .*nothing was trained"
+    ):
+        checkpoint_names(target, target.mtp_layers, Path(toy_target))

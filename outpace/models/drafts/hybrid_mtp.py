@@ -31,6 +31,8 @@ has the same interface); the layout chains (each step reads the previous step's 
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -43,6 +45,17 @@ from outpace.models.drafts.mtp import mtp_input
 def mtp_layer_count(raw: dict) -> int:
     """The MTP layers a Qwen3-Next / Qwen3.5 config.json declares (module docstring)."""
     return int(raw.get("mtp_num_hidden_layers") or raw.get("num_nextn_predict_layers") or 0)
+
+
+def step_checkpoint_name(param_name: str) -> str:
+    """A step's parameter as ``mtp_layers.{k}.*`` names it (``QwenMTPStep``'s attributes; the MTP recipe's names,
+    train/recipes/mtp.py) -> the checkpoint's: step k's decoder layer under ``mtp.layers.{k}.``, the fc and
+    norms the steps share under ``mtp.``. Other names are returned as they are."""
+    m = re.fullmatch(r"mtp_layers\.(\d+)\.(layer\.)?(.+)", param_name)
+    if m is None:
+        return param_name
+    k, own, rest = m.groups()
+    return f"mtp.layers.{k}.{rest}" if own else f"mtp.{rest}"
 
 
 class QwenMTP(nn.Module):

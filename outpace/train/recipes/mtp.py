@@ -137,11 +137,35 @@ def trainable_mtp(mtp_layers, num_layers: int) -> torch.nn.ModuleList:
     return layers
 
 
+def checkpoint_names(target, layers: torch.nn.ModuleList, target_dir: Path) -> dict[str, str]:
+    """The trainable parameters of ``layers`` (names relative to it) -> the names the target's safetensors files
+    store them under (the target's ``checkpoint_name`` of ``mtp_layers.{name}``; a parameter the layers share,
+    Qwen3-Next's fc and norms, is named once). Called before training: a layout whose tensors could not be
+    written back is refused at once, naming the tensors and the directory."""
+    to_ckpt = getattr(target, "checkpoint_name", lambda name: name)
+    names = {
+        name: to_ckpt(f"mtp_layers.{name}")
+        for name, p in layers.named_parameters()
+        if p.requires_grad
+    }
+    stored: set[str] = set()
+    for f in sorted(target_dir.glob("*.safetensors")):
+        with safe_open(str(f), "pt") as src:
+            stored.update(src.keys())
+    missing = sorted(set(names.values()) - stored)
+    if missing:
+        raise ValueError(
+            f"the MTP tensors {missing[:4]} are not in {target_dir}'s safetensors files: this target's MTP "
+            "layout cannot be written back, so nothing was trained"
+        )
+    return names
+
+
 def write_target_copy(target_dir: Path, out_dir: Path, replaced: dict[str, torch.Tensor]) -> None:
-    """out_dir = target_dir with the tensors in ``replaced`` (checkpoint names) swapped in, each in the dtype
-    the target stored it in; all other files and tensors as they were."""
+    """out_dir = target_dir with the tensors in ``replaced`` (checkpoint names, each one the target stores:
+    ``checkpoint_names``) swapped in, each in the dtype the target stored it in; all other files and tensors
+    as they were."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    missing = set(replaced)
     for f in sorted(target_dir.iterdir()):
         if not f.is_file() or f.name in NOT_COPIED:
             continue
@@ -154,15 +178,9 @@ def write_target_copy(target_dir: Path, out_dir: Path, replaced: dict[str, torch
                 t = src.get_tensor(name)
                 if name in replaced:
                     t = replaced[name].detach().to(device="cpu", dtype=t.dtype).contiguous()
-                    missing.discard(name)
                 tensors[name] = t
             metadata = src.metadata()
         save_file(tensors, str(out_dir / f.name), metadata=metadata)
-    if missing:
-        raise ValueError(
-            f"the fine-tuned MTP tensors {sorted(missing)[:4]} are not in {target_dir}'s safetensors "
-            "files: this target's MTP layout cannot be written back"
-        )
 
 
 def train_mtp(
@@ -233,6 +251,7 @@ def _fine_tune(
             f"MTPRecipe.num_layers={n} is invalid: the target has {available} MTP layers"
         )
     layers = trainable_mtp(ranks.whole(target, "mtp_layers"), n)
+    names = checkpoint_names(target, layers, target_dir)
     chained = bool(cfg.chain_mtp_hidden_states or layers[0].chained_by_layout)
     local = ranks.row_local(target)
     objective = ranks.shard(
@@ -268,12 +287,10 @@ def _fine_tune(
         ranks=ranks,
     )
 
-    to_ckpt = getattr(target, "checkpoint_name", lambda name: name)
-    trained = {name for name, p in layers.named_parameters() if p.requires_grad}
     replaced = {
-        to_ckpt(f"mtp_layers.{name}"): p.detach()
+        names[name]: p.detach()
         for name, p in ranks.full_parameters(layers).items()
-        if name in trained
+        if name in names
     }
     metrics = dict(
         common_metrics(recipe, layers, history, started, device, ranks.size),
