@@ -21,12 +21,21 @@ MAX_SHARD_BYTES = 15 * 1024 * 1024
 
 
 def common_metrics(
-    recipe, model: nn.Module, history: TrainHistory, started: float, device: str, num_ranks: int = 1
+    recipe,
+    model: nn.Module,
+    history: TrainHistory,
+    started: float,
+    device: str,
+    num_ranks: int = 1,
+    *,
+    target: Path,
 ) -> dict:
-    """What every recipe reports: its recipe, size, wall times, final loss, loss history, device and the
-    number of training ranks (one device each)."""
+    """What every recipe reports: its recipe, the target it trained against (as given on the command
+    line), size, wall times, final loss, loss history, device and the number of training ranks (one device
+    each)."""
     return dict(
         recipe=dataclasses.asdict(recipe),
+        target=str(target),
         num_parameters=sum(p.numel() for p in model.parameters()),
         train_wall_seconds=history.wall_seconds,
         total_wall_seconds=time.perf_counter() - started,

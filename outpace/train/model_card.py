@@ -61,16 +61,26 @@ def write_model_card(
     return path
 
 
-def draft_train_command(
-    method: str, recipe_cls, m: dict, out: str, target: str = "zoo/tinypy"
-) -> str:
-    """The ``outpace train draft`` command of a run (``m``: its training metrics): every recipe field whose value
-    differs from ``recipe_cls``'s default, as its own flag (``_DRAFT_FLAGS``, ``--data``) or ``--set``."""
+def shown_target(target: str) -> str:
+    """A run's target as a card names it: a zoo model as ``zoo/<name>`` (the CLI's default target is the
+    zoo's absolute path), any other directory as it was given."""
+    from outpace.zoo import zoo_dir
+
+    try:
+        return f"zoo/{Path(target).resolve().relative_to(zoo_dir().resolve())}"
+    except (FileNotFoundError, ValueError):  # no zoo here, or a directory outside it
+        return target
+
+
+def draft_train_command(method: str, recipe_cls, m: dict, out: str) -> str:
+    """The ``outpace train draft`` command of a run (``m``: its training metrics): its target, and every recipe
+    field whose value differs from ``recipe_cls``'s default, as its own flag (``_DRAFT_FLAGS``, ``--data``) or
+    ``--set``."""
     defaults = json.loads(
         json.dumps(dataclasses.asdict(recipe_cls()))
     )  # (tuples as lists, as the metrics hold them)
     parts = [
-        f"python -m outpace train draft --method {method} --target {target} --out {out}",
+        f"python -m outpace train draft --method {method} --target {shown_target(m['target'])} --out {out}",
         "--device " + ("cpu" if m["device"] == "cpu" else "cuda"),
     ]
     for name, value in m["recipe"].items():

@@ -9,12 +9,18 @@ from outpace.cli import build_parser
 from outpace.cli.train import DRAFT_RECIPES, draft_recipe
 from outpace.registry import resolve
 from outpace.train.model_card import draft_train_command
+from outpace.zoo import default_model
 
 
-def _metrics(recipe, device: str = "NVIDIA H100 80GB HBM3") -> dict:
+def _metrics(recipe, device: str = "NVIDIA H100 80GB HBM3", target: str | None = None) -> dict:
     import json
 
-    return {"recipe": json.loads(json.dumps(dataclasses.asdict(recipe))), "device": device}
+    return {
+        "recipe": json.loads(json.dumps(dataclasses.asdict(recipe))),
+        "device": device,
+        "target": target
+        or str(default_model()),  # the CLI's default: the zoo target's absolute path
+    }
 
 
 def _parsed(command: str):
@@ -74,3 +80,16 @@ def test_a_run_over_several_ranks_gives_their_count():
     command = draft_train_command("eagle3", cls, {**_metrics(cls()), "training_ranks": 2}, "OUT")
     assert command.endswith(" --nproc-per-node 2")
     assert build_parser().parse_args(command.split()[3:]).nproc_per_node == 2
+
+
+def test_the_command_names_the_target_the_run_trained_against(tmp_path):
+    """A zoo model as ``zoo/<name>`` wherever the zoo lies; any other directory as it was given."""
+    cls = resolve({"mtp": DRAFT_RECIPES["mtp"][0]}, "mtp", "draft recipe")
+    zoo_tinyds = str(default_model().parent / "tinyds")
+    assert " --target zoo/tinyds " in draft_train_command(
+        "mtp", cls, _metrics(cls(), target=zoo_tinyds), "OUT"
+    )
+    mine = str(tmp_path / "my-target")
+    assert f" --target {mine} " in draft_train_command(
+        "mtp", cls, _metrics(cls(), target=mine), "OUT"
+    )

@@ -465,7 +465,7 @@ def train_dflash(
 
     positions = range(1, n)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device, ranks.size),
+        common_metrics(recipe, draft, history, t0, device, ranks.size, target=target_dir),
         **data.corpus_metrics,
         checkpoint_mib=size_mib,
         final_position_loss={i: history.extra[f"loss pos {i}"][-1] for i in positions},

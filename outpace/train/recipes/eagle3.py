@@ -457,7 +457,7 @@ def train_eagle3(
 
     written, convention = checkpoint_aux_ids(capture)
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device, ranks.size),
+        common_metrics(recipe, draft, history, t0, device, ranks.size, target=target_dir),
         **data.corpus_metrics,
         final_step_loss={j: history.extra[f"loss step {j}"][-1] for j in range(recipe.ttt_steps)},
         final_step_top1={j: history.extra[f"top1 step {j}"][-1] for j in range(recipe.ttt_steps)},

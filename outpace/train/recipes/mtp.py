@@ -293,14 +293,13 @@ def _fine_tune(
         if name in names
     }
     metrics = dict(
-        common_metrics(recipe, layers, history, started, device, ranks.size),
+        common_metrics(recipe, layers, history, started, device, ranks.size, target=target_dir),
         **data.corpus_metrics,
         num_mtp_layers=n,
         chained=chained,
         final_layer_loss={k: history.extra[f"loss layer {k}"][-1] for k in range(n)},
         final_layer_top1={k: history.extra[f"top1 layer {k}"][-1] for k in range(n)},
         replaced_tensors=len(replaced),
-        target=str(target_dir),
     )
     return replaced, history, metrics
 
@@ -314,7 +313,7 @@ def _losses_only(history):
 
 
 def write_mtp_card(out_dir: Path, m: dict) -> None:
-    from outpace.train.model_card import draft_train_command, write_model_card
+    from outpace.train.model_card import draft_train_command, shown_target, write_model_card
 
     r = m["recipe"]
     rows = "\n".join(
@@ -336,7 +335,7 @@ def write_mtp_card(out_dir: Path, m: dict) -> None:
         "Data": f"""{r["num_continuations"]} continuations that the target generated {sampled} through outpace's
 engine after prompts of up to {r["prompt_len"]} tokens from {prompt_source(m)}, {r["batch_size"]} windows of
 {r["prompt_len"] + r["new_tokens"]} tokens per batch. {unused_files_note(m)}""",
-        "Fine-tuning": f"""The target ({m["target"]}) runs once per batch (no gradient) and gives its last
+        "Fine-tuning": f"""The target ({shown_target(m["target"])}) runs once per batch (no gradient) and gives its last
 hidden states and logits; its first {m["num_mtp_layers"]} MTP layers then run
 {"chained (layer k reads layer k-1 output)" if m["chained"] else "each on the target state"} over the whole window
 as served: layer k at row t reads token t+k+1 and predicts token t+k+2. Loss per layer: {labels} at that

@@ -132,7 +132,8 @@ def train_standalone(
     )
     state = model_state_dict(draft, ranks.full_parameters(draft))
     metrics = dict(
-        common_metrics(recipe, draft, history, t0, device, ranks.size), **data.corpus_metrics
+        common_metrics(recipe, draft, history, t0, device, ranks.size, target=target_dir),
+        **data.corpus_metrics,
     )
     if ranks.is_driver:
         out_dir.mkdir(parents=True, exist_ok=True)
