@@ -157,8 +157,8 @@ def test_drafts_capture_the_layers_they_were_trained_on(target, convention):
 
 # name -> (target, speculative config, tau floor over PROMPTS): a little under what was measured when the floors
 # were set (CPU, fp32): tinyds MTP 2.70 (2.03 before its MTP layers were fine-tuned on the target's continuations),
-# EAGLE3 chain 3.76, tree 3.54; tinygemma EAGLE3 chain 2.43, tree 2.88; tinyqwen35 MTP 2.14, EAGLE3 chain 3.18,
-# tree 3.26 (the EAGLE3 drafts retrained on 2048 continuations)
+# EAGLE3 chain 3.76, tree 3.54; tinygemma EAGLE3 chain 2.43, tree 2.88; tinyqwen35 MTP 2.64 (2.14 before the same
+# fine-tune), EAGLE3 chain 3.18, tree 3.26 (the EAGLE3 drafts retrained on 2048 continuations)
 CASES = {
     "tinyds-mtp": ("tinyds", SpeculativeConfig("mtp", num_steps=2), 2.5),
     "tinyds-eagle3-chain": (
@@ -185,7 +185,7 @@ CASES = {
         ),
         2.6,
     ),
-    "tinyqwen35-mtp": ("tinyqwen35", SpeculativeConfig("mtp", num_steps=2), 1.95),
+    "tinyqwen35-mtp": ("tinyqwen35", SpeculativeConfig("mtp", num_steps=2), 2.45),
     "tinyqwen35-eagle3-chain": (
         "tinyqwen35",
         SpeculativeConfig("eagle3", str(ZOO / "tinyqwen35-eagle3"), num_steps=4),
