@@ -315,6 +315,23 @@ def test_rows_that_route_nowhere_read_no_expert(n):
     assert live[routed].all() and routed.unique().numel() == int(live.sum())
 
 
+@pytest.mark.parametrize("n", [3, 70])
+def test_rows_that_all_route_nowhere_get_the_shared_experts_alone(n):
+    """A mask with no row (an MTP layer's prompt rows, whose output nothing reads: speculative/drafters/mtp.py):
+    no routed slot is placed, and every row's output is the shared experts'."""
+    from outpace.layers.routed_rows import routed_rows
+
+    moe = make_moe(hidden=24, inter=12, experts=8, top_k=3, shared=2)
+    pack_projections(moe)
+    x = torch.randn(n, 24, device=DEVICE, generator=torch.Generator(DEVICE).manual_seed(n))
+    with torch.no_grad():
+        moe.experts.kernels, moe.gate.kernel = True, True
+        with routed_rows(torch.zeros(n, dtype=torch.bool, device=DEVICE)):
+            masked = moe(x)
+        shared = moe.shared_experts(x)
+    torch.testing.assert_close(masked, shared, rtol=1e-5, atol=1e-5)
+
+
 def test_shared_stacks_are_views_of_the_shared_mlp():
     moe = make_moe(hidden=16, inter=8, experts=4, top_k=2, shared=3)
     mlp = moe.shared_experts

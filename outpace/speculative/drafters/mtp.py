@@ -45,6 +45,7 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
+from outpace.layers.moe import RoutedExperts
 from outpace.layers.routed_rows import routed_rows
 from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.chain import chain_drafts, draft_token
@@ -99,6 +100,10 @@ class MTPProposer(Proposer):
         self.target = target
         self.layers = list(target.mtp_layers)[: min(n, spec.num_steps)]
         self.chained = cfg.chain_mtp_hidden_states or self.layers[0].chained_by_layout
+        # per layer: whether it routes rows to experts, so that rows whose output nothing reads can skip them
+        self.mixtures = [
+            any(isinstance(m, RoutedExperts) for m in l.modules()) for l in self.layers
+        ]
         bind_kv_cache(target.mtp_layers, pool, dtype, device)
         self.kv_reads_ahead = len(self.layers)  # layer k's row t reads token t + k + 1
         self.keep = len(self.layers) - 1  # K: rows before the new ones that each draft re-runs
@@ -171,10 +176,15 @@ class MTPProposer(Proposer):
             self.device
         )  # [m]
         h = target_hidden = torch.cat([seqs[i][0][: runs[i]] for i in take])  # [m, hidden]
+        every = torch.ones_like(pos, dtype=torch.bool)  # [m]
         with forward_context(meta, self.backend):
             for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
                 tokens = torch.cat([seqs[i][1][k : k + runs[i]] for i in take])  # [m]
-                h = layer(pos, tokens, h if self.chained else target_hidden, self.target)
+                read = (
+                    every if self._next_layer_reads(k) else ~every
+                )  # (no draft reads a prompt's rows)
+                with routed_rows(read):
+                    h = layer(pos, tokens, h if self.chained else target_hidden, self.target)
 
     def update(self, verified: Verified) -> None:
         # every verify row's state (a chain's rows are at most the rows a window takes), then the window
@@ -192,11 +202,14 @@ class MTPProposer(Proposer):
         tokens, probs = [], []  # drafts, each [b]
         h = window.hidden  # [b * w, hidden]
         w = window.tokens.shape[1]
-        # (the window's padding rows route to no expert in a mixture's MTP layer: layers/routed_rows.py)
-        with rows.context(window.start, w, self.backend), routed_rows(window.live):
+        last_rows = self._last_rows(window) if any(self.mixtures) else None  # [b * w]
+        with rows.context(window.start, w, self.backend):
             for k, layer in enumerate(self.layers):
                 ids = self.pending.layer_tokens(window, tokens, k)  # [b * w] (docstring: t + k + 1)
-                h = layer(window.positions, ids, h if self.chained else window.hidden, self.target)
+                with routed_rows(self._rows_read(k, shape, window.live, last_rows)):
+                    h = layer(
+                        window.positions, ids, h if self.chained else window.hidden, self.target
+                    )
                 if k < shape.num_steps:
                     tokens.append(
                         draft_token(
@@ -223,6 +236,31 @@ class MTPProposer(Proposer):
                 )
             )
         return chain_drafts(rows, tokens, probs)
+
+    # ---- rows whose output something reads (layers/routed_rows.py) ------------------------------
+    # A mixture's MTP layer routes only those rows to experts: the others still write their KV rows (from the
+    # layer's input), their experts are not read, and the rows read come out bit for bit as with every row
+    # routed (tests/kernels/test_moe_kernel.py). The window's padding rows are never read.
+
+    def _next_layer_reads(self, k: int) -> bool:
+        """Whether layer k + 1 reads layer k's output at every pending row (chained; its KV rows come from it)."""
+        return self.chained and k + 1 < len(self.layers)
+
+    def _rows_read(
+        self, k: int, shape: DraftShape, live: torch.Tensor, last_rows: torch.Tensor | None
+    ) -> torch.Tensor:
+        """[b * w] bool: the rows of layer k's output that something reads in a draft. Besides the next
+        layer, a draft reads each window's last row (``last_rows``) where layer k drafts, or where the
+        single layer goes on past the window; the last layer's other rows feed nothing."""
+        if not self.mixtures[k] or self._next_layer_reads(k):
+            return live  # (a layer without experts routes nothing: any mask serves)
+        drafts = k < shape.num_steps or shape.num_steps > len(self.layers)
+        return last_rows if drafts else torch.zeros_like(live)
+
+    @staticmethod
+    def _last_rows(window) -> torch.Tensor:
+        """[b * w] bool: each window's last pending row."""
+        return torch.zeros_like(window.live).index_fill_(0, window.last, True)
 
 
 def _why_none(target) -> str:
