@@ -2,10 +2,11 @@
 rows where ``mask`` is true, on the routing kernel (layers/moe_routing_kernel.py ``select_experts``); the others'
 routed slots land in no block of the grouped experts, which skip them as they skip another expert-parallel
 rank's (layers/expert_blocks.py ``BlockLayout.skips``): their experts are not read for them, and their routed
-output is zero. For rows whose output nothing reads: an MTP draft's window is ``HOLD_ROWS`` rows wider than a
-drafting step fills (speculative/drafters/mtp.py), and in a mixture's MTP layer (DeepSeek-V3's, Qwen3-Next's)
-its padding rows chose experts of their own, up to twice the live rows' (12 rows, at most 4 live after a
-drafting step). The torch path routes every row (its cost does not depend on the experts chosen)."""
+output is zero. For rows whose output nothing reads, in a mixture's MTP layer (DeepSeek-V3's, Qwen3-Next's;
+speculative/drafters/mtp.py ``_rows_read``): a draft window's padding rows (it is ``HOLD_ROWS`` rows wider than a
+drafting step fills, and they chose experts of their own, up to twice the live rows': 12 rows, at most 4 live
+after a drafting step), the last layer's rows but each window's last (only their KV rows matter), and a prompt's
+rows there. The torch path routes every row (its cost does not depend on the experts chosen)."""
 
 from __future__ import annotations
 
