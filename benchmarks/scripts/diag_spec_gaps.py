@@ -105,9 +105,11 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
             torch.cuda.synchronize()
             activities.append(ProfilerActivity.CUDA)
         with profile(activities=activities) as prof:
+            started = time.perf_counter()
             outs = llm.generate(prompts[3:4], params)
             if device == "cuda":
                 torch.cuda.synchronize()
+            request = time.perf_counter() - started
     finally:
         engine.step, launch_module.HostCopy.tolist = real_step, real_tolist
     # decode steps: not the prefill and the first, not the last two (and a drop)
@@ -131,6 +133,9 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
         "median_step_ms": 1e3 * statistics.median(steps),
         "mean_step_ms": 1e3 * statistics.fmean(steps),
         "slowest_steps_ms": [round(1e3 * w, 3) for w in sorted(steps)[-5:]],
+        # what a request costs beyond its steady steps: the whole request, and the steps left out above
+        "request_ms": 1e3 * request,
+        "edge_steps_ms": [round(1e3 * w, 3) for w in walls[:2] + walls[-2:]],
         "wait_ms_a_step": 1e3 * waits[0] / len(walls),
         "gpu_busy_us_a_step": busy / window_steps,
         "gpu_idle_us_a_step": idle / window_steps,
