@@ -19,8 +19,9 @@ _MASK: ContextVar[torch.Tensor | None] = ContextVar("routed_rows", default=None)
 
 
 @contextmanager
-def routed_rows(mask: torch.Tensor):
-    """Route only the rows where ``mask`` [n] (bool) is true, in forwards over n rows (module docstring)."""
+def routed_rows(mask: torch.Tensor | None):
+    """Route only the rows where ``mask`` [n] (bool) is true, in forwards over n rows (module docstring); None:
+    every row, as outside any ``routed_rows``."""
     token = _MASK.set(mask)
     try:
         yield

@@ -176,14 +176,12 @@ class MTPProposer(Proposer):
             self.device
         )  # [m]
         h = target_hidden = torch.cat([seqs[i][0][: runs[i]] for i in take])  # [m, hidden]
-        every = torch.ones_like(pos, dtype=torch.bool)  # [m]
+        nowhere = torch.zeros_like(pos, dtype=torch.bool)  # [m]
         with forward_context(meta, self.backend):
             for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
                 tokens = torch.cat([seqs[i][1][k : k + runs[i]] for i in take])  # [m]
-                read = (
-                    every if self._next_layer_reads(k) else ~every
-                )  # (no draft reads a prompt's rows)
-                with routed_rows(read):
+                # every row where the next layer reads them; else none (no draft reads a prompt's rows)
+                with routed_rows(None if self._next_layer_reads(k) else nowhere):
                     h = layer(pos, tokens, h if self.chained else target_hidden, self.target)
 
     def update(self, verified: Verified) -> None:
