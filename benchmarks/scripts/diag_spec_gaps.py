@@ -28,6 +28,11 @@ from outpace.engine import launch as launch_module
 from outpace.zoo import zoo_dir
 
 STEP = "engine_step"  # each engine step's annotation
+PHASES = ("prefill_forward", "sample_first", "absorb")  # the prefill step's parts, annotated
+LAUNCH, WAIT = (
+    ("LaunchKernel",),
+    ("Synchronize", "cudaMemcpy"),
+)  # runtime calls: launches, host waits
 
 
 def _short(name: str) -> str:
@@ -60,6 +65,48 @@ def gpu_gaps(prof, first: float, last: float) -> tuple[float, float, dict]:
             end, before = stop, name
     idle += last - end
     return busy, idle, gaps
+
+
+def phase_profile(prof, name: str) -> dict:
+    """The first range annotated ``name`` (a prefill-step phase): its wall ms, the kernels launched within it
+    (CUDA runtime and driver launch calls, Triton's among them), the ms the host spent in calls that wait for
+    the GPU (synchronize, blocking copies) and its most frequent torch ops."""
+    ranges = [e.time_range for e in prof.events() if e.name == name and e.device_type.name == "CPU"]
+    if not ranges:
+        return {}
+    first = min(ranges, key=lambda r: r.start)
+    inside = [
+        e
+        for e in prof.events()
+        if e.device_type.name == "CPU"
+        and e.name != name
+        and e.time_range.start >= first.start
+        and e.time_range.end <= first.end
+    ]
+    ops: dict = defaultdict(int)
+    for e in inside:
+        if e.name.startswith("aten::"):
+            ops[e.name] += 1
+    return {
+        "wall_ms": round((first.end - first.start) / 1e3, 3),
+        "launches": sum(any(k in e.name for k in LAUNCH) for e in inside),
+        "host_wait_ms": round(
+            sum(e.time_range.elapsed_us() for e in inside if any(k in e.name for k in WAIT)) / 1e3,
+            3,
+        ),
+        "top_ops": sorted(ops.items(), key=lambda kv: -kv[1])[:10],
+    }
+
+
+def annotate(obj, attr: str, label: str) -> None:
+    """Wrap ``obj.attr`` (a bound method) in a profiler range named ``label``."""
+    real = getattr(obj, attr)
+
+    def wrapped(*args, **kwargs):
+        with record_function(label):
+            return real(*args, **kwargs)
+
+    setattr(obj, attr, wrapped)
 
 
 def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: bool) -> dict:
@@ -97,6 +144,11 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
         return launched
 
     engine.step, launch_module.HostCopy.tolist = step, tolist
+    prefill_step = runner.prefill_step
+    annotate(prefill_step, "_forward", PHASES[0])
+    annotate(prefill_step, "_sample_first", PHASES[1])
+    if prefill_step.proposer is not None:
+        annotate(prefill_step.proposer, "absorb", PHASES[2])
     if ahead is not None:
         ahead.take = take
     try:
@@ -136,6 +188,8 @@ def diagnose(family: str, method: str, workdir: Path, max_tokens: int, tiny: boo
         # what a request costs beyond its steady steps: the whole request, and the steps left out above
         "request_ms": 1e3 * request,
         "edge_steps_ms": [round(1e3 * w, 3) for w in walls[:2] + walls[-2:]],
+        # the prefill step's parts (the first range of each), and the whole step the same way
+        "prefill_step": {name: phase_profile(prof, name) for name in (STEP, *PHASES)},
         "wait_ms_a_step": 1e3 * waits[0] / len(walls),
         "gpu_busy_us_a_step": busy / window_steps,
         "gpu_idle_us_a_step": idle / window_steps,

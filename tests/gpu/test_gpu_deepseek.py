@@ -63,12 +63,12 @@ def test_captured_speculation_is_lossless_fp32(target):
 
 @pytest.mark.gpu
 def test_moe_layers_take_the_grouped_kernels_on_cuda(target, monkeypatch):
-    import outpace.layers.moe_kernels as kernels
+    import outpace.layers.grouped_experts as launcher  # layers/moe.py imports it at each call
 
     calls = []
-    real = kernels.grouped_experts
+    real = launcher.grouped_experts
     monkeypatch.setattr(
-        kernels, "grouped_experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
+        launcher, "grouped_experts", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k)
     )
     LLM(target, cuda_graphs=False, **KWARGS).generate(PROMPTS[:1], GREEDY.replace(max_tokens=3))
     assert calls and torch.cuda.is_available()

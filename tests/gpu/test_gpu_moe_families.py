@@ -97,14 +97,14 @@ def test_captured_speculation_is_lossless_fp32(target):
 
 @pytest.mark.gpu
 def test_moe_layers_take_the_grouped_kernels_with_their_activation(target, monkeypatch):
-    import outpace.layers.moe_kernels as kernels
+    import outpace.layers.grouped_experts as launcher  # layers/moe.py imports it at each call
 
     family, path = target
     vocab, activation, limits = FAMILIES[family]
     calls = []
-    real = kernels.grouped_experts
+    real = launcher.grouped_experts
     monkeypatch.setattr(
-        kernels,
+        launcher,
         "grouped_experts",
         lambda *a, **k: calls.append((k["activation"], k["limit"], a[3] is None)) or real(*a, **k),
     )
