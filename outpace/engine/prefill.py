@@ -4,7 +4,7 @@ Host work: flat inputs and (eager) attention metadata built from lists, one forw
 captured for the chunks' count and token bucket when one holds them, engine/prefill_graphs.py), the
 first token sampled for each request whose prompt the chunk completes, the decode state of the requests
 that decode next written into the request table, and the drafter told what was committed
-(``Proposer.absorb``).
+(``Proposer.absorb``; its layers replayed as captured where the forward was and the drafter allows).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class PrefillStep:
         done = [i for i, f in enumerate(final) if f]
         with torch.inference_mode():
             input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)  # [sum(counts)]
-            out = self._forward(reqs, req_indices, starts, counts, tables, input_ids)
+            key, out = self._forward(reqs, req_indices, starts, counts, tables, input_ids)
             if any(r.prompt_logprobs is not None for r in reqs):
                 self._record_prompt_logprobs(reqs, starts, counts, out.hidden_states)
             sampled = torch.empty(0, dtype=torch.int64, device=self.device)  # [len(done)]
@@ -74,7 +74,8 @@ class PrefillStep:
                     reqs, req_indices, starts, counts, decodes, dict(zip(done, sampled.unbind(0)))
                 )
             if self.proposer is not None:
-                self.proposer.absorb(
+                self._absorb(
+                    key,
                     PrefillRows(
                         req_indices,
                         starts,
@@ -87,7 +88,7 @@ class PrefillStep:
                         out.aux_hidden_states,
                         tables,
                         [r.token_ids[: s.num_reused_tokens] for r, s in zip(reqs, batch)],
-                    )
+                    ),
                 )
             tokens = sampled.tolist()  # the completed prompts', in batch order
         n = len(batch)
@@ -111,12 +112,12 @@ class PrefillStep:
         tables: list[list[int]],
         input_ids: torch.Tensor,
     ):
-        """The target's forward over the chunks (``input_ids`` [sum(counts)]): chunks that a prefill key holds
-        replay its captured forward, others run eagerly."""
+        """(the prefill key replayed or None, the target's forward over the chunks (``input_ids``
+        [sum(counts)])): chunks that a prefill key holds replay its captured forward, others run eagerly."""
         key = self.graphs.bucket(counts, starts)
         if key is not None:
             self.req_table.sync_tables([r.request_id for r in reqs])
-            return self.graphs.run(key, req_indices, starts, counts, input_ids)
+            return key, self.graphs.run(key, req_indices, starts, counts, input_ids)
         meta = build_paged_metadata(tables, starts, counts, self.pool.block_size, self.device)
         pos = torch.tensor(
             [p for a, c in zip(starts, counts) for p in range(a, a + c)], device=self.device
@@ -124,7 +125,16 @@ class PrefillStep:
         with forward_context(
             meta, self.backend, recurrent=self.states.prefill(req_indices, starts)
         ):
-            return self.model(input_ids, pos)
+            return None, self.model(input_ids, pos)
+
+    def _absorb(self, key, rows: PrefillRows) -> None:
+        """The drafter told what the chunks committed: its layers replayed after the forward of ``key`` where
+        the captured ones absorb these chunks (engine/prefill_graphs.py), else its eager absorb."""
+        if self.graphs.absorbs_chunks(key, rows.starts, [len(r) for r in rows.reused_token_ids]):
+            self.graphs.absorb(key, rows.next_token_ids)
+            self.proposer.absorb_state(rows)
+        else:
+            self.proposer.absorb(rows)
 
     def _start_decoding(
         self,

@@ -10,8 +10,13 @@ tokens a chunk (``K * P`` at most the largest bucket): chunk i's tokens and ``P 
 KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row; chunks n .. K - 1 are the
 padding row's. The padding rows' KV lands past each request's last row: in its own partly filled block
 (rows that the next chunk or decode step rewrites before anything reads them) or, past its table, in the
-pool's padding block. Only the forward is captured: sampling the first tokens and the drafter's
-``absorb`` read the real rows of its outputs, gathered in the order an eager forward gives them.
+pool's padding block. Sampling the first tokens reads the real rows of the forward's outputs, gathered in the
+order an eager forward gives them. A drafter that runs layers of its own over the prompt (``captures_absorb``:
+MTP) has them captured for each key as well, replayed after the sampling (their last row reads the sampled
+token) over the forward's output rows as they lie, when every chunk is its request's first (a later chunk
+starts from rows the previous one left pending); its other chunks, like every other drafter's, are absorbed
+eagerly. An eager absorb of DeepSeek's two MTP layers took 18.4 ms of host time for a prompt whose captured
+forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18).
 
 Models with recurrent layers are left out: padding tokens would advance a request's recurrent state.
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
@@ -32,6 +37,7 @@ from outpace.attention.uniform_metadata import uniform_paged_metadata
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request_table import RequestTable
 from outpace.layers.mla import MultiHeadLatentAttention
+from outpace.speculative.proposer import Proposer
 
 SMALLEST_PREFILL_BUCKET = 16  # the attention kernel's smallest tile: fewer rows cost the same
 LARGEST_PREFILL_BUCKET = (
@@ -54,10 +60,17 @@ PrefillKey = tuple[int, int]  # (K chunks, P tokens a chunk)
 
 class PrefillGraphs:
     def __init__(
-        self, model: nn.Module, backend, req_table: RequestTable, max_rows: int, recurrent: bool
+        self,
+        model: nn.Module,
+        backend,
+        req_table: RequestTable,
+        max_rows: int,
+        recurrent: bool,
+        drafter: Proposer | None = None,
     ) -> None:
         """``max_rows``: the positions the model and a row's table allow (a padded chunk stays below);
-        ``recurrent``: the model has recurrent layers (then nothing is captured)."""
+        ``recurrent``: the model has recurrent layers (then nothing is captured); ``drafter``: its absorb's
+        layers are captured too where it ``captures_absorb``."""
         self.model, self.backend, self.req_table, self.max_rows = (
             model,
             backend,
@@ -67,6 +80,8 @@ class PrefillGraphs:
         self.recurrent = recurrent
         self.buckets: tuple[int, ...] = ()  # P: tokens a chunk
         self.graphs: dict[PrefillKey, CapturedCall] = {}
+        self.drafter = drafter if drafter is not None and drafter.captures_absorb else None
+        self.absorbs: dict[PrefillKey, CapturedCall] = {}  # the drafter's layers, for the same keys
         device, k = req_table.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
         self.token_ids = torch.zeros(
@@ -76,6 +91,14 @@ class PrefillGraphs:
         self.req_indices = torch.full(
             (k,), req_table.padding_index, dtype=torch.int64, device=device
         )  # [K] their indices
+        reach = self.drafter.absorb_reach if self.drafter is not None else 0
+        self.next_ids = torch.zeros(
+            LARGEST_PREFILL_BUCKET + reach, dtype=torch.int64, device=device
+        )  # [K * P + reach] the token after each row (stale pads)
+        self.hidden: torch.Tensor | None = (
+            None  # [K * P, hidden] the last forward's (on CUDA: static)
+        )
+        self.rows: torch.Tensor | None = None  # [sum(counts)] the last run's real rows
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
@@ -98,12 +121,18 @@ class PrefillGraphs:
         keys = [
             (k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET
         ]
-        self.graphs = {
-            key: CapturedCall(
+        self.graphs, self.absorbs = {}, {}
+        for key in keys:
+            forward = CapturedCall(
                 lambda key=key: self._forward(*key), self.req_table.device, memory_pool
             )
-            for key in keys
-        }
+            self.graphs[key] = forward
+            if self.drafter is not None:
+                if forward.outputs is not None:  # (CUDA) the captured absorb reads these rows
+                    self.hidden = forward.outputs.hidden_states
+                self.absorbs[key] = CapturedCall(
+                    lambda key=key: self._absorb(*key), self.req_table.device, memory_pool
+                )
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
         """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
@@ -137,6 +166,7 @@ class PrefillGraphs:
             torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True
         )
         out = self.graphs[key].replay()
+        self.hidden, self.rows = out.hidden_states, rows
         aux = out.aux_hidden_states
         return dataclasses.replace(
             out,
@@ -144,11 +174,36 @@ class PrefillGraphs:
             aux_hidden_states=None if aux is None else aux.index_select(0, rows),
         )
 
-    def _forward(self, chunks: int, size: int):
-        """``chunks`` chunks of ``size`` tokens, chunk i at rows starts[i] .. starts[i] + size - 1 of the request in
-        req_indices[i] (static buffers only)."""
+    def absorbs_chunks(self, key: PrefillKey | None, starts: list[int], reused: list[int]) -> bool:
+        """Whether the chunks ``run`` replayed for ``key`` (``starts``; ``reused``: each request's rows from the
+        prefix cache) are absorbed by the captured layers: each is its request's first."""
+        return key in self.absorbs and all(a == r for a, r in zip(starts, reused))
+
+    def absorb(self, key: PrefillKey, next_ids: torch.Tensor) -> None:
+        """The drafter's captured layers over the chunks the last ``run`` replayed for ``key`` (``next_ids``
+        [sum(counts)] on the device: the token after each row, in ``run``'s order)."""
+        self.next_ids.index_copy_(0, self.rows, next_ids)
+        self.absorbs[key].replay()
+
+    def _metadata(self, chunks: int, size: int):
+        """Chunk i at rows starts[i] .. starts[i] + size - 1 of the request in req_indices[i] (static buffers)."""
         tables = self.req_table.tables.index_select(0, self.req_indices[:chunks])  # [K, max_blocks]
-        starts = self.starts[:chunks]
-        meta = uniform_paged_metadata(tables, starts, size, self.req_table.pool.block_size)
+        return uniform_paged_metadata(
+            tables, self.starts[:chunks], size, self.req_table.pool.block_size
+        )
+
+    def _forward(self, chunks: int, size: int):
+        """``chunks`` chunks of ``size`` tokens (``_metadata``), static buffers only."""
+        meta = self._metadata(chunks, size)
         with torch.inference_mode(), forward_context(meta, self.backend):
             return self.model(self.token_ids[: chunks * size], meta.token_positions)
+
+    def _absorb(self, chunks: int, size: int) -> None:
+        """The drafter's layers over the forward's rows of the same key, static buffers only."""
+        n = chunks * size
+        with torch.inference_mode():
+            self.drafter.absorb_layers(
+                self._metadata(chunks, size),
+                self.next_ids[: n + self.drafter.absorb_reach],
+                self.hidden[:n],
+            )

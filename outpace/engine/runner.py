@@ -103,7 +103,7 @@ class ModelRunner:
             model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
         )
         self.prefill_graphs = PrefillGraphs(
-            model, self.backend, self.req_table, max_rows, self.states.has_state
+            model, self.backend, self.req_table, max_rows, self.states.has_state, proposer
         )
         self.prefill_step = PrefillStep(
             model,
@@ -134,7 +134,12 @@ class ModelRunner:
     def release_graphs(self) -> None:
         """Free every captured decode step and prefill forward (engine/cuda_graphs.py ``release``: done
         before a multi-rank engine's process group is destroyed); later steps would run eagerly."""
-        for call in (*self.decode_step.graphs.values(), *self.prefill_graphs.graphs.values()):
+        prefill = self.prefill_graphs
+        for call in (
+            *self.decode_step.graphs.values(),
+            *prefill.graphs.values(),
+            *prefill.absorbs.values(),
+        ):
             call.release()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -420,6 +420,24 @@ class Proposer(abc.ABC):
     def absorb(self, prefill: PrefillRows) -> None:
         """Bring the draft state up to date with prefill chunks (eager)."""
 
+    # A drafter whose absorb runs draft layers over the prompt may run them inside the captured prefill
+    # (engine/prefill_graphs.py): ``absorb_layers`` there, then ``absorb_state`` for the rest of ``absorb``.
+    captures_absorb = False
+
+    @property
+    def absorb_reach(self) -> int:
+        """How many rows past a row's next token ``absorb_layers`` reads (``captures_absorb`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
+
+    def absorb_layers(self, meta, next_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The draft layers of ``absorb`` over a captured prefill's padded chunks, first chunks of their requests
+        (static shapes; ``captures_absorb`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
+
+    def absorb_state(self, prefill: PrefillRows):
+        """``absorb`` less what ``absorb_layers`` ran (``captures_absorb`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
+
     @abc.abstractmethod
     def draft(self, rows: DecodeRows, shape: DraftShape) -> Drafts:
         """Draft ``shape`` for every row; static shapes (capturable). With ``shape.num_steps`` 0 it

@@ -189,3 +189,38 @@ def test_models_with_recurrent_layers_capture_no_prefill():
     llm = LLM(str(ZOO / "tinyqwen35"), device="cpu", max_num_seqs=2)
     llm.engine.capture_graphs()
     assert llm.engine.runner.prefill_graphs.buckets == ()
+
+
+@pytest.mark.parametrize("together", [False, True])
+def test_mtp_layers_absorb_inside_the_captured_prefill(together):
+    """zoo/tinyds's two chained MTP layers (MLA, routed experts) run over a prompt's first chunk inside the
+    captured prefill, replayed after the forward; a later chunk (a step's budget of 16 tokens splits a 30-token
+    prompt in two) is absorbed eagerly. Prompts one at a time, or several chunks in one step: the tokens and the
+    acceptance at each draft position equal those of an engine that absorbs every chunk eagerly."""
+    kw = dict(
+        device="cpu",
+        max_num_seqs=4,
+        max_num_batched_tokens=64 if together else 16,
+        speculative=SpeculativeConfig("mtp", num_steps=2),
+    )
+    eager, graphed = LLM(str(ZOO / "tinyds"), **kw), LLM(str(ZOO / "tinyds"), **kw)
+    graphed.engine.capture_graphs()
+    graphs = graphed.engine.runner.prefill_graphs
+    assert graphs.absorbs.keys() == graphs.graphs.keys() != set()
+    proposer, eager_absorbs = graphed.engine.runner.prefill_step.proposer, []
+    absorb = proposer.absorb
+    proposer.absorb = lambda rows: eager_absorbs.append(rows.counts) or absorb(rows)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    ids = graphed.tokenizer.encode(_prompts()[0])
+    prompts = [ids[-n:] for n in ((5, 12, 16) if together else (5, 12, 16, 30))]
+    batches = [prompts] if together else [[p] for p in prompts]
+    for batch in batches:
+        want, got = eager.generate(batch, params), graphed.generate(batch, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert [o.spec_metrics.accepted_per_position for o in got] == [
+            o.spec_metrics.accepted_per_position for o in want
+        ]
+    replayed = sum(call.replays for call in graphs.absorbs.values())
+    assert (replayed, eager_absorbs) == ((1, []) if together else (4, [[14]]))
+    engine = graphed.engine
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by

@@ -135,36 +135,20 @@ class MTPProposer(Proposer):
         return self.layers[0].target_state(self.target, hidden)
 
     # ---- committed rows ------------------------------------------------------------------------
+    # A prefill's rows reach the layers' KV caches in two parts: ``absorb_state`` keeps each chunk's last rows
+    # pending (the window the next draft re-runs) and says which rows the layers run over; the layers' forward
+    # runs eagerly (``absorb``) or inside the captured prefill (``absorb_layers``, engine/prefill_graphs.py).
+    captures_absorb = True
+
+    @property
+    def absorb_reach(self) -> int:
+        return len(self.layers) - 1  # layer k's row t reads the token after row t + k
+
     def absorb(self, prefill: PrefillRows) -> None:
-        hidden = self._target_state(prefill.hidden_states[prefill.rows])  # [total, hidden]
-        offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
-        pending = self.pending
-        counts = pending.count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
-        seqs, firsts, runs = (
-            [],
-            [],
-            [],
-        )  # per request: its rows (pending ones first), the first one, those extended
-        for i, (s, start) in enumerate(zip(prefill.req_indices, prefill.starts)):
-            chunk = (
-                hidden[offsets[i] : offsets[i + 1]],
-                prefill.next_token_ids[offsets[i] : offsets[i + 1]],
-            )
-            # a later chunk: the previous one's pending rows come first (rows reused from the prefix cache are final)
-            held = counts[i] if start > len(prefill.reused_token_ids[i]) else 0
-            h = torch.cat([pending.hidden[s, :held], chunk[0]])  # [rows, hidden]
-            t = torch.cat([pending.tokens[s, :held], chunk[1]])  # [rows]
-            keep = min(max(self.keep, 1), h.shape[0])
-            seqs.append((h, t))
-            firsts.append(start - held)
-            runs.append(h.shape[0] - keep)
-            pending.hidden[s, :keep] = h[runs[-1] :]
-            pending.tokens[s, :keep] = t[runs[-1] :]
-            pending.start[s] = start - held + runs[-1]
-            pending.count[s] = keep
-        take = [i for i, m in enumerate(runs) if m > 0]
-        if not take:
+        run = self.absorb_state(prefill)
+        if run is None:
             return
+        take, firsts, runs, seqs = run
         meta = build_paged_metadata(
             [prefill.tables[i] for i in take],
             [firsts[i] for i in take],
@@ -175,14 +159,72 @@ class MTPProposer(Proposer):
         pos = torch.cat([torch.arange(firsts[i], firsts[i] + runs[i]) for i in take]).to(
             self.device
         )  # [m]
-        h = target_hidden = torch.cat([seqs[i][0][: runs[i]] for i in take])  # [m, hidden]
+        target_hidden = torch.cat([seqs[i][0][: runs[i]] for i in take])  # [m, hidden]
+        self._run_layers(
+            meta,
+            pos,
+            lambda k: torch.cat([seqs[i][1][k : k + runs[i]] for i in take]),  # [m]
+            target_hidden,
+        )
+
+    def absorb_layers(self, meta, next_ids: torch.Tensor, hidden: torch.Tensor) -> None:
+        """The layers' forward over a captured prefill's padded chunks (``meta``: uniform, causal): ``hidden``
+        [n, hidden] the target's output rows, ``next_ids`` [n + absorb_reach] the token after each row. The
+        rows past a chunk's run (held pending, or padding) write KV rows that the next draft window or a
+        decode step rewrites before anything reads them, as the target's padding rows do."""
+        n = hidden.shape[0]
+        self._run_layers(
+            meta, meta.token_positions, lambda k: next_ids[k : k + n], self._target_state(hidden)
+        )
+
+    def absorb_state(self, prefill: PrefillRows):
+        """``absorb`` but the layers' forward: each chunk's last rows (with those a previous chunk left pending
+        before them) become its pending window. Returns None when no layer runs, else (the chunks with rows to
+        run, each chunk's first row, its rows to run, its (target states [rows, hidden], next tokens [rows]))."""
+        hidden = self._target_state(prefill.hidden_states[prefill.rows])  # [total, hidden]
+        offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
+        pending = self.pending
+        # a later chunk: the previous one's pending rows come first (rows reused from the prefix cache are final)
+        later = [
+            start > len(reused) for start, reused in zip(prefill.starts, prefill.reused_token_ids)
+        ]
+        counts = (
+            pending.count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
+            if any(later)
+            else [0] * len(later)
+        )  # (a read of the device: only for later chunks)
+        seqs, firsts, runs = (
+            [],
+            [],
+            [],
+        )  # per chunk: its rows (pending ones first), the first, those run
+        for i, (s, start) in enumerate(zip(prefill.req_indices, prefill.starts)):
+            held = counts[i] if later[i] else 0
+            h = torch.cat([pending.hidden[s, :held], hidden[offsets[i] : offsets[i + 1]]])
+            t = torch.cat(
+                [pending.tokens[s, :held], prefill.next_token_ids[offsets[i] : offsets[i + 1]]]
+            )
+            keep = min(max(self.keep, 1), h.shape[0])
+            seqs.append((h, t))  # [rows, hidden], [rows]
+            firsts.append(start - held)
+            runs.append(h.shape[0] - keep)
+            pending.hidden[s, :keep] = h[runs[-1] :]
+            pending.tokens[s, :keep] = t[runs[-1] :]
+            pending.start[s] = start - held + runs[-1]
+            pending.count[s] = keep
+        take = [i for i, m in enumerate(runs) if m > 0]
+        return (take, firsts, runs, seqs) if take else None
+
+    def _run_layers(self, meta, pos: torch.Tensor, tokens_at, target_hidden: torch.Tensor) -> None:
+        """The layers over rows at ``pos`` [m] (``meta``): layer k reads ``tokens_at(k)`` [m], the token after
+        each row's k-th next, and the previous layer's output (chained) or ``target_hidden`` [m, hidden]."""
+        h = target_hidden
         nowhere = torch.zeros_like(pos, dtype=torch.bool)  # [m]
         with forward_context(meta, self.backend):
             for k, layer in enumerate(self.layers):  # layer k's row t reads token t + k + 1
-                tokens = torch.cat([seqs[i][1][k : k + runs[i]] for i in take])  # [m]
                 # every row where the next layer reads them; else none (no draft reads a prompt's rows)
                 with routed_rows(None if self._next_layer_reads(k) else nowhere):
-                    h = layer(pos, tokens, h if self.chained else target_hidden, self.target)
+                    h = layer(pos, tokens_at(k), h if self.chained else target_hidden, self.target)
 
     def update(self, verified: Verified) -> None:
         # every verify row's state (a chain's rows are at most the rows a window takes), then the window
