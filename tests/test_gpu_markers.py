@@ -1,7 +1,7 @@
-"""GPU tests that CI cannot run stay sound. Every test that needs a CUDA device carries the ``gpu`` marker (tests/conftest.py skips it without one), so that
-``pytest -m gpu`` selects every GPU test. A test skipped by its own condition on CUDA's absence ran only when its
-file was named on a GPU: ``tests/kernels/test_mla_fused.py``'s engine-capture test failed on the H200 unnoticed
-that way (benchmarks/results/gpu_2026-12-03f, call 3)."""
+"""GPU tests that CI cannot run stay sound. Every test that needs a CUDA device carries the ``gpu`` marker
+(tests/conftest.py skips it without one), so that ``pytest -m gpu`` selects every GPU test. A test skipped by its
+own condition on CUDA's absence ran only when its file was named on a GPU: ``tests/kernels/test_mla_fused.py``'s
+engine-capture test failed on the H200 unnoticed that way (benchmarks/results/gpu_2026-12-03f, call 3)."""
 
 from __future__ import annotations
 
