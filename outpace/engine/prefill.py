@@ -75,7 +75,8 @@ class PrefillStep:
                 )
             if self.proposer is not None:
                 self._absorb(
-                    key,
+                    key is not None,
+                    reqs,
                     PrefillRows(
                         req_indices,
                         starts,
@@ -127,14 +128,27 @@ class PrefillStep:
         ):
             return None, self.model(input_ids, pos)
 
-    def _absorb(self, key, rows: PrefillRows) -> None:
-        """The drafter told what the chunks committed: its layers replayed after the forward of ``key`` where
-        the captured ones absorb these chunks (engine/prefill_graphs.py), else its eager absorb."""
-        if self.graphs.absorbs_chunks(key, rows.starts, [len(r) for r in rows.reused_token_ids]):
-            self.graphs.absorb(key, rows.next_token_ids)
-            self.proposer.absorb_state(rows)
-        else:
+    def _absorb(self, replayed: bool, reqs: list[Request], rows: PrefillRows) -> None:
+        """The drafter told what the chunks committed: its layers replayed as captured where a key absorbs the
+        chunks (engine/prefill_graphs.py; ``replayed``: the forward was, so the tables are on the device), else
+        its eager absorb."""
+        key = self.graphs.absorb_key(
+            rows.counts, rows.starts, [len(r) for r in rows.reused_token_ids]
+        )
+        if key is None:
             self.proposer.absorb(rows)
+            return
+        if not replayed:
+            self.req_table.sync_tables([r.request_id for r in reqs])
+        self.graphs.absorb(
+            key,
+            rows.req_indices,
+            rows.starts,
+            rows.counts,
+            rows.hidden_states[rows.rows],
+            rows.next_token_ids,
+        )
+        self.proposer.absorb_state(rows)
 
     def _start_decoding(
         self,

@@ -11,14 +11,18 @@ KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row; c
 padding row's. The padding rows' KV lands past each request's last row: in its own partly filled block
 (rows that the next chunk or decode step rewrites before anything reads them) or, past its table, in the
 pool's padding block. Sampling the first tokens reads the real rows of the forward's outputs, gathered in the
-order an eager forward gives them. A drafter that runs layers of its own over the prompt (``captures_absorb``:
-MTP) has them captured for each key as well, replayed after the sampling (their last row reads the sampled
-token) over the forward's output rows as they lie, when every chunk is its request's first (a later chunk
-starts from rows the previous one left pending); its other chunks, like every other drafter's, are absorbed
-eagerly. An eager absorb of DeepSeek's two MTP layers took 18.4 ms of host time for a prompt whose captured
-forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18).
+order an eager forward gives them.
 
-Models with recurrent layers are left out: padding tokens would advance a request's recurrent state.
+A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP) has them captured for the same
+keys, over static copies of the target's output rows and of the tokens after them, and replayed after the
+sampling (a chain's last row reads the sampled token), whether the target's forward was replayed or ran
+eagerly, when every chunk is its request's first (a later chunk starts from rows the previous one left
+pending); other chunks, like every other drafter's, are absorbed eagerly. An eager absorb of DeepSeek's two
+MTP layers took 18.4 ms of host time for a prompt whose captured forward took 1.6 (H100,
+benchmarks/results/gpu_2026-12-05f call 18).
+
+Models with recurrent layers prefill eagerly: padding tokens would advance a request's recurrent state (their
+MTP layers, attention and experts, are captured).
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
 table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
 so the buckets stop below that length and longer chunks prefill eagerly, over their own blocks.
@@ -69,8 +73,8 @@ class PrefillGraphs:
         drafter: Proposer | None = None,
     ) -> None:
         """``max_rows``: the positions the model and a row's table allow (a padded chunk stays below);
-        ``recurrent``: the model has recurrent layers (then nothing is captured); ``drafter``: its absorb's
-        layers are captured too where it ``captures_absorb``."""
+        ``recurrent``: the model has recurrent layers (then its forward is not captured); ``drafter``: its
+        absorb's layers are captured where it ``captures_absorb``."""
         self.model, self.backend, self.req_table, self.max_rows = (
             model,
             backend,
@@ -78,10 +82,11 @@ class PrefillGraphs:
             max_rows,
         )
         self.recurrent = recurrent
-        self.buckets: tuple[int, ...] = ()  # P: tokens a chunk
+        self.buckets: tuple[int, ...] = ()  # P: tokens a chunk, of the captured forwards
         self.graphs: dict[PrefillKey, CapturedCall] = {}
         self.drafter = drafter if drafter is not None and drafter.captures_absorb else None
-        self.absorbs: dict[PrefillKey, CapturedCall] = {}  # the drafter's layers, for the same keys
+        self.absorb_buckets: tuple[int, ...] = ()  # P, of the drafter's captured layers
+        self.absorbs: dict[PrefillKey, CapturedCall] = {}
         device, k = req_table.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
         self.token_ids = torch.zeros(
@@ -91,19 +96,19 @@ class PrefillGraphs:
         self.req_indices = torch.full(
             (k,), req_table.padding_index, dtype=torch.int64, device=device
         )  # [K] their indices
-        reach = self.drafter.absorb_reach if self.drafter is not None else 0
-        self.next_ids = torch.zeros(
-            LARGEST_PREFILL_BUCKET + reach, dtype=torch.int64, device=device
-        )  # [K * P + reach] the token after each row (stale pads)
-        self.hidden: torch.Tensor | None = (
-            None  # [K * P, hidden] the last forward's (on CUDA: static)
-        )
-        self.rows: torch.Tensor | None = None  # [sum(counts)] the last run's real rows
+        if self.drafter is not None:
+            self.target_rows = self.drafter.absorb_buffer(
+                LARGEST_PREFILL_BUCKET
+            )  # [K * P, hidden] the target's output at each row (stale pads)
+            self.next_ids = torch.zeros(
+                LARGEST_PREFILL_BUCKET + self.drafter.absorb_reach, dtype=torch.int64, device=device
+            )  # [K * P + reach] the token after each row (stale pads)
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
-        expanded form, none for a recurrent model (on CUDA; elsewhere a replay runs it eagerly). The chunks are
-        the padding row's meanwhile: its table points at the padding block."""
+        expanded form, none for a recurrent model, and the drafter's absorb for every such key (on CUDA;
+        elsewhere a replay runs it eagerly). The chunks are the padding row's meanwhile: its table points at
+        the padding block."""
         self.req_indices.fill_(self.req_table.padding_index)
         self.starts.zero_()
         expands = min(
@@ -115,32 +120,38 @@ class PrefillGraphs:
             default=math.inf,
         )
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
-        self.buckets = (
-            () if self.recurrent else tuple(b for b in sorted(buckets) if b <= fits and b < expands)
-        )
-        keys = [
-            (k, p) for k in CHUNK_BUCKETS for p in self.buckets if k * p <= LARGEST_PREFILL_BUCKET
-        ]
-        self.graphs, self.absorbs = {}, {}
-        for key in keys:
-            forward = CapturedCall(
-                lambda key=key: self._forward(*key), self.req_table.device, memory_pool
-            )
-            self.graphs[key] = forward
-            if self.drafter is not None:
-                if forward.outputs is not None:  # (CUDA) the captured absorb reads these rows
-                    self.hidden = forward.outputs.hidden_states
-                self.absorbs[key] = CapturedCall(
-                    lambda key=key: self._absorb(*key), self.req_table.device, memory_pool
-                )
+        sizes = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
+        self.buckets = () if self.recurrent else sizes
+        self.absorb_buckets = sizes if self.drafter is not None else ()
+        device = self.req_table.device
+        self.graphs = {
+            key: CapturedCall(lambda key=key: self._forward(*key), device, memory_pool)
+            for key in _keys(self.buckets)
+        }
+        self.absorbs = {
+            key: CapturedCall(lambda key=key: self._absorb(*key), device, memory_pool)
+            for key in _keys(self.absorb_buckets)
+        }
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
         """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
+        return self._key(counts, starts, self.buckets, self.graphs)
+
+    def absorb_key(
+        self, counts: list[int], starts: list[int], reused: list[int]
+    ) -> PrefillKey | None:
+        """The key whose captured layers absorb the chunks (``reused``: each request's rows from the prefix
+        cache), or None (the drafter absorbs them eagerly): each must be its request's first."""
+        if any(a != r for a, r in zip(starts, reused)):
+            return None
+        return self._key(counts, starts, self.absorb_buckets, self.absorbs)
+
+    def _key(self, counts, starts, sizes, graphs) -> PrefillKey | None:
         key = (
             bucket_for(CHUNK_BUCKETS, len(counts)),
-            bucket_for(self.buckets, max(counts)),
+            bucket_for(sizes, max(counts)),
         )  # (None: no bucket)
-        return key if key in self.graphs and max(starts) + key[1] <= self.max_rows else None
+        return key if key in graphs and max(starts) + key[1] <= self.max_rows else None
 
     def run(
         self,
@@ -153,20 +164,9 @@ class PrefillGraphs:
         """The forward of the chunks (``token_ids`` [sum(counts)] on the device, chunk i's ``counts[i]`` tokens
         of the request in ``req_indices[i]`` from KV row ``starts[i]``): outputs [sum(counts), ...] in that order.
         The indices' tables must be on the device (``RequestTable.sync_tables``)."""
-        chunks, size = key
-        n = len(counts)
-        rows = torch.tensor(
-            [i * size + j for i, c in enumerate(counts) for j in range(c)]
-        )  # [sum(counts)]
-        rows = rows.to(self.token_ids.device, non_blocking=True)
+        rows = self._place(key, req_indices, starts, counts)
         self.token_ids.index_copy_(0, rows, token_ids)
-        pads = chunks - n
-        self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
-        self.req_indices[:chunks].copy_(
-            torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True
-        )
         out = self.graphs[key].replay()
-        self.hidden, self.rows = out.hidden_states, rows
         aux = out.aux_hidden_states
         return dataclasses.replace(
             out,
@@ -174,16 +174,35 @@ class PrefillGraphs:
             aux_hidden_states=None if aux is None else aux.index_select(0, rows),
         )
 
-    def absorbs_chunks(self, key: PrefillKey | None, starts: list[int], reused: list[int]) -> bool:
-        """Whether the chunks ``run`` replayed for ``key`` (``starts``; ``reused``: each request's rows from the
-        prefix cache) are absorbed by the captured layers: each is its request's first."""
-        return key in self.absorbs and all(a == r for a, r in zip(starts, reused))
-
-    def absorb(self, key: PrefillKey, next_ids: torch.Tensor) -> None:
-        """The drafter's captured layers over the chunks the last ``run`` replayed for ``key`` (``next_ids``
-        [sum(counts)] on the device: the token after each row, in ``run``'s order)."""
-        self.next_ids.index_copy_(0, self.rows, next_ids)
+    def absorb(
+        self,
+        key: PrefillKey,
+        req_indices: list[int],
+        starts: list[int],
+        counts: list[int],
+        target_rows: torch.Tensor,
+        next_ids: torch.Tensor,
+    ) -> None:
+        """The drafter's captured layers over the chunks (as ``run``'s; ``target_rows`` [sum(counts), hidden] the
+        target's output at each row, ``next_ids`` [sum(counts)] the token after it, on the device)."""
+        rows = self._place(key, req_indices, starts, counts)
+        self.target_rows.index_copy_(0, rows, target_rows)
+        self.next_ids.index_copy_(0, rows, next_ids)
         self.absorbs[key].replay()
+
+    def _place(
+        self, key: PrefillKey, req_indices: list[int], starts: list[int], counts: list[int]
+    ) -> torch.Tensor:
+        """Write the chunks' first rows and request indices (the padding row's past them) into the static
+        inputs; returns [sum(counts)] each real token's row of the padded forward."""
+        chunks, size = key
+        pads = chunks - len(counts)
+        self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
+        self.req_indices[:chunks].copy_(
+            torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True
+        )
+        rows = torch.tensor([i * size + j for i, c in enumerate(counts) for j in range(c)])
+        return rows.to(self.token_ids.device, non_blocking=True)
 
     def _metadata(self, chunks: int, size: int):
         """Chunk i at rows starts[i] .. starts[i] + size - 1 of the request in req_indices[i] (static buffers)."""
@@ -199,11 +218,16 @@ class PrefillGraphs:
             return self.model(self.token_ids[: chunks * size], meta.token_positions)
 
     def _absorb(self, chunks: int, size: int) -> None:
-        """The drafter's layers over the forward's rows of the same key, static buffers only."""
+        """The drafter's layers over ``chunks`` chunks of ``size`` rows (``_metadata``), static buffers only."""
         n = chunks * size
         with torch.inference_mode():
             self.drafter.absorb_layers(
                 self._metadata(chunks, size),
                 self.next_ids[: n + self.drafter.absorb_reach],
-                self.hidden[:n],
+                self.target_rows[:n],
             )
+
+
+def _keys(sizes: tuple[int, ...]) -> list[PrefillKey]:
+    """Every (chunks, tokens a chunk) of the chunk buckets and ``sizes`` within the largest bucket."""
+    return [(k, p) for k in CHUNK_BUCKETS for p in sizes if k * p <= LARGEST_PREFILL_BUCKET]

@@ -429,8 +429,14 @@ class Proposer(abc.ABC):
         """How many rows past a row's next token ``absorb_layers`` reads (``captures_absorb`` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
 
+    def absorb_buffer(self, rows: int) -> torch.Tensor:
+        """[rows, hidden] zeros, the static copy of the target's output rows that ``absorb_layers`` reads
+        (``captures_absorb`` only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
+
     def absorb_layers(self, meta, next_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The draft layers of ``absorb`` over a captured prefill's padded chunks, first chunks of their requests
+        """The draft layers of ``absorb`` over a captured prefill's padded chunks, first chunks of their requests:
+        ``hidden`` [n, hidden] the target's output rows, ``next_ids`` [n + absorb_reach] the token after each
         (static shapes; ``captures_absorb`` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
 

@@ -2,7 +2,7 @@
 # Device call 20 (after call 19, on the same machine if it is still warm: /tmp/e2e_deepseek is reused): MTP's
 # closed batches with the captured absorb. bench e2e on the widened DeepSeek at batch 1 and 8 (call 16, H100,
 # eager absorb: MTP 1.90x steady, 1.62x closed at batch 1; 1.69x and 1.39x at 8), then Qwen3.5 at batch 1 (a hybrid:
-# its prefill and absorb stay eager, so it is the control; call 15: 2.30x, closed 2.05x).
+# its forward prefills eagerly, its MTP layers absorb as captured; call 15: 2.30x, closed 2.05x).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 mkdir -p $OUT

@@ -167,6 +167,9 @@ class MTPProposer(Proposer):
             target_hidden,
         )
 
+    def absorb_buffer(self, rows: int) -> torch.Tensor:
+        return self.pending.hidden.new_zeros(rows, self.pending.hidden.shape[-1])
+
     def absorb_layers(self, meta, next_ids: torch.Tensor, hidden: torch.Tensor) -> None:
         """The layers' forward over a captured prefill's padded chunks (``meta``: uniform, causal): ``hidden``
         [n, hidden] the target's output rows, ``next_ids`` [n + absorb_reach] the token after each row. The
