@@ -145,8 +145,9 @@ class PrefillStep:
             rows.req_indices,
             rows.starts,
             rows.counts,
-            rows.hidden_states[rows.rows],
+            rows.token_ids,
             rows.next_token_ids,
+            self.proposer.absorb_rows(rows),
         )
         self.proposer.absorb_state(rows)
 

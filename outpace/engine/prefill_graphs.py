@@ -13,13 +13,15 @@ padding row's. The padding rows' KV lands past each request's last row: in its o
 pool's padding block. Sampling the first tokens reads the real rows of the forward's outputs, gathered in the
 order an eager forward gives them.
 
-A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP) has them captured for the same
-keys, over static copies of the target's output rows and of the tokens after them, and replayed after the
-sampling (a chain's last row reads the sampled token), whether the target's forward was replayed or ran
-eagerly, when every chunk is its request's first (a later chunk starts from rows the previous one left
-pending); other chunks, like every other drafter's, are absorbed eagerly. An eager absorb of DeepSeek's two
-MTP layers took 18.4 ms of host time for a prompt whose captured forward took 1.6 (H100,
-benchmarks/results/gpu_2026-12-05f call 18).
+A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP layers, EAGLE3's, a standalone
+draft without recurrent layers) has them captured for the same keys, over static copies of the prompt's tokens,
+the tokens after them and the target's rows it reads, and replayed after the sampling (a row may read the
+sampled token), whether the target's forward was replayed or ran eagerly, when every chunk is its request's
+first (a later chunk starts from rows the previous one left pending); other chunks, like other drafters', are
+absorbed eagerly. An eager absorb of DeepSeek's two MTP layers took 18.4 ms of host time for a prompt whose
+captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18); on the Llama-3.1-8B shape
+(benchmarks/results/e2e, H100) a request cost 5 ms beyond its steady steps with plain decoding, 14 ms with
+EAGLE3 and 29 ms with a standalone draft.
 
 Models with recurrent layers prefill eagerly: padding tokens would advance a request's recurrent state (their
 MTP layers, attention and experts, are captured).
@@ -96,10 +98,11 @@ class PrefillGraphs:
         self.req_indices = torch.full(
             (k,), req_table.padding_index, dtype=torch.int64, device=device
         )  # [K] their indices
+        self.target_rows: torch.Tensor | None = (
+            None  # [K * P, width] what the drafter reads (stale pads)
+        )
         if self.drafter is not None:
-            self.target_rows = self.drafter.absorb_buffer(
-                LARGEST_PREFILL_BUCKET
-            )  # [K * P, hidden] the target's output at each row (stale pads)
+            self.target_rows = self.drafter.absorb_buffer(LARGEST_PREFILL_BUCKET)
             self.next_ids = torch.zeros(
                 LARGEST_PREFILL_BUCKET + self.drafter.absorb_reach, dtype=torch.int64, device=device
             )  # [K * P + reach] the token after each row (stale pads)
@@ -180,14 +183,18 @@ class PrefillGraphs:
         req_indices: list[int],
         starts: list[int],
         counts: list[int],
-        target_rows: torch.Tensor,
+        token_ids: torch.Tensor,
         next_ids: torch.Tensor,
+        target_rows: torch.Tensor | None,
     ) -> None:
-        """The drafter's captured layers over the chunks (as ``run``'s; ``target_rows`` [sum(counts), hidden] the
-        target's output at each row, ``next_ids`` [sum(counts)] the token after it, on the device)."""
+        """The drafter's captured layers over the chunks (as ``run``'s; on the device: ``token_ids`` and
+        ``next_ids`` [sum(counts)] each row's token and the one after it, ``target_rows`` [sum(counts), width]
+        the target's rows it reads, or None)."""
         rows = self._place(key, req_indices, starts, counts)
-        self.target_rows.index_copy_(0, rows, target_rows)
+        self.token_ids.index_copy_(0, rows, token_ids)
         self.next_ids.index_copy_(0, rows, next_ids)
+        if target_rows is not None:
+            self.target_rows.index_copy_(0, rows, target_rows)
         self.absorbs[key].replay()
 
     def _place(
@@ -223,8 +230,9 @@ class PrefillGraphs:
         with torch.inference_mode():
             self.drafter.absorb_layers(
                 self._metadata(chunks, size),
+                self.token_ids[:n],
                 self.next_ids[: n + self.drafter.absorb_reach],
-                self.target_rows[:n],
+                None if self.target_rows is None else self.target_rows[:n],
             )
 
 

@@ -420,27 +420,40 @@ class Proposer(abc.ABC):
     def absorb(self, prefill: PrefillRows) -> None:
         """Bring the draft state up to date with prefill chunks (eager)."""
 
-    # A drafter whose absorb runs draft layers over the prompt may run them inside the captured prefill
+    # A drafter whose absorb runs draft layers over the prompt may run them as a captured graph
     # (engine/prefill_graphs.py): ``absorb_layers`` there, then ``absorb_state`` for the rest of ``absorb``.
     captures_absorb = False
 
     @property
     def absorb_reach(self) -> int:
         """How many rows past a row's next token ``absorb_layers`` reads (``captures_absorb`` only)."""
-        raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
+        return 0
 
-    def absorb_buffer(self, rows: int) -> torch.Tensor:
-        """[rows, hidden] zeros, the static copy of the target's output rows that ``absorb_layers`` reads
-        (``captures_absorb`` only)."""
-        raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
+    def absorb_rows(self, prefill: PrefillRows) -> torch.Tensor | None:
+        """[total, width] the target's output rows ``absorb_layers`` reads (its hidden or aux states), or None
+        where it reads none (``captures_absorb`` only)."""
+        return None
 
-    def absorb_layers(self, meta, next_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The draft layers of ``absorb`` over a captured prefill's padded chunks, first chunks of their requests:
-        ``hidden`` [n, hidden] the target's output rows, ``next_ids`` [n + absorb_reach] the token after each
+    def absorb_buffer(self, rows: int) -> torch.Tensor | None:
+        """[rows, width] zeros: the static copy of the target's rows ``absorb_rows`` gives, or None where it
+        gives none (``captures_absorb`` only)."""
+        return None
+
+    def absorb_layers(
+        self,
+        meta,
+        token_ids: torch.Tensor,
+        next_ids: torch.Tensor,
+        rows: torch.Tensor | None,
+    ) -> None:
+        """The draft layers of ``absorb`` over a captured prefill's padded chunks, first chunks of their requests
+        (``meta``: uniform, causal): ``token_ids`` [n] each row's token, ``next_ids`` [n + absorb_reach] the token
+        after each, ``rows`` [n, width] the target's (``absorb_rows``'). Rows past a chunk's own write KV rows
+        that the next draft or decode step rewrites before anything reads them, as the target's padding rows do
         (static shapes; ``captures_absorb`` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
 
-    def absorb_state(self, prefill: PrefillRows):
+    def absorb_state(self, prefill: PrefillRows) -> None:
         """``absorb`` less what ``absorb_layers`` ran (``captures_absorb`` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
 

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import torch
 
+from outpace.attention import forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.config import SpeculativeConfig
+from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.model_config import ModelConfig
 from outpace.models.loader import load_model
@@ -185,6 +187,22 @@ class DraftModelProposer(Proposer):
                 [prefill.req_indices[i] for i in take], [prefill.starts[i] for i in take]
             )
             self._forward(prefill.token_ids[ext.rows], ext.positions)
+        self.absorb_state(prefill)
+
+    @property
+    def captures_absorb(self) -> bool:
+        """Its prompt forward runs as captured (engine/prefill_graphs.py) unless padding rows would advance a
+        recurrent state or the draft's MLA would take its expanded form, which the prefill buckets stop below
+        only for the target's."""
+        return not self.states.has_state and not any(
+            isinstance(m, MultiHeadLatentAttention) for m in self.draft_model.modules()
+        )
+
+    def absorb_layers(self, meta, token_ids, next_ids, rows) -> None:
+        with forward_context(meta, self.backend):
+            self._forward(token_ids, meta.token_positions)
+
+    def absorb_state(self, prefill: PrefillRows) -> None:
         ends = torch.tensor(prefill.counts).cumsum(0) - 1
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:  # the sampled token, at L = the prompt's length, is pending

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from outpace.attention import forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
@@ -96,6 +97,10 @@ class Eagle3Proposer(Proposer):
         return shape.num_steps + 1  # the verify's committed rows (a prefill leaves one)
 
     # ---- committed rows ------------------------------------------------------------------------
+    # The draft layer runs over a prompt's rows eagerly (``absorb``) or as captured (``absorb_layers``,
+    # engine/prefill_graphs.py); a completed prompt's last row stays pending either way (``_hold_last_rows``).
+    captures_absorb = True
+
     def absorb(self, prefill: PrefillRows) -> None:
         fused = self.draft_model.fuse_aux(
             prefill.aux_hidden_states[prefill.rows]
@@ -105,12 +110,32 @@ class Eagle3Proposer(Proposer):
         if ext is not None:
             with ext.context(self.backend):
                 self.draft_model(prefill.next_token_ids[ext.rows], ext.positions, fused[ext.rows])
+        self._hold_last_rows(prefill, lambda last: fused[last])
+
+    def absorb_buffer(self, rows: int) -> torch.Tensor:
+        cfg = self.draft_model.config  # the target's aux states, concatenated
+        return self.pending.hidden.new_zeros(rows, cfg.num_aux * cfg.target_hidden_size)
+
+    def absorb_rows(self, prefill: PrefillRows) -> torch.Tensor:
+        return prefill.aux_hidden_states[prefill.rows]  # [total, num_aux * target hidden]
+
+    def absorb_layers(self, meta, token_ids, next_ids, rows) -> None:
+        with forward_context(meta, self.backend):
+            self.draft_model(next_ids, meta.token_positions, self.draft_model.fuse_aux(rows))
+
+    def absorb_state(self, prefill: PrefillRows) -> None:
+        aux = prefill.aux_hidden_states[prefill.rows]  # [total, num_aux * target hidden]
+        self._hold_last_rows(prefill, lambda last: self.draft_model.fuse_aux(aux[last]))
+
+    def _hold_last_rows(self, prefill: PrefillRows, fused_at) -> None:
+        """Each completed prompt's last row becomes its pending row: its fused state (``fused_at(rows)``
+        [len(rows), hidden] for rows [len(rows)] of the prefill's) and the sampled token after it."""
         ends = torch.tensor(prefill.counts).cumsum(0) - 1
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:
             indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
             last = ends[done].to(self.device)
-            self.pending.hidden[indices, 0] = fused[last]
+            self.pending.hidden[indices, 0] = fused_at(last)
             self.pending.tokens[indices, 0] = prefill.next_token_ids[last]
             self.pending.start[indices] = torch.tensor(
                 [prefill.starts[i] + prefill.counts[i] - 1 for i in done], device=self.device

@@ -145,7 +145,7 @@ class MTPProposer(Proposer):
         return len(self.layers) - 1  # layer k's row t reads the token after row t + k
 
     def absorb(self, prefill: PrefillRows) -> None:
-        run = self.absorb_state(prefill)
+        run = self._settle(prefill)
         if run is None:
             return
         take, firsts, runs, seqs = run
@@ -170,17 +170,19 @@ class MTPProposer(Proposer):
     def absorb_buffer(self, rows: int) -> torch.Tensor:
         return self.pending.hidden.new_zeros(rows, self.pending.hidden.shape[-1])
 
-    def absorb_layers(self, meta, next_ids: torch.Tensor, hidden: torch.Tensor) -> None:
-        """The layers' forward over a captured prefill's padded chunks (``meta``: uniform, causal): ``hidden``
-        [n, hidden] the target's output rows, ``next_ids`` [n + absorb_reach] the token after each row. The
-        rows past a chunk's run (held pending, or padding) write KV rows that the next draft window or a
-        decode step rewrites before anything reads them, as the target's padding rows do."""
-        n = hidden.shape[0]
+    def absorb_rows(self, prefill: PrefillRows) -> torch.Tensor:
+        return prefill.hidden_states[prefill.rows]  # [total, hidden]
+
+    def absorb_layers(self, meta, token_ids, next_ids, rows) -> None:
+        n = rows.shape[0]
         self._run_layers(
-            meta, meta.token_positions, lambda k: next_ids[k : k + n], self._target_state(hidden)
+            meta, meta.token_positions, lambda k: next_ids[k : k + n], self._target_state(rows)
         )
 
-    def absorb_state(self, prefill: PrefillRows):
+    def absorb_state(self, prefill: PrefillRows) -> None:
+        self._settle(prefill)
+
+    def _settle(self, prefill: PrefillRows):
         """``absorb`` but the layers' forward: each chunk's last rows (with those a previous chunk left pending
         before them) become its pending window. Returns None when no layer runs, else (the chunks with rows to
         run, each chunk's first row, its rows to run, its (target states [rows, hidden], next tokens [rows]))."""
