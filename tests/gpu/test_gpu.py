@@ -125,23 +125,32 @@ def test_prefill_chunks_replay_captured_forwards(method):
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 
+ABSORBING = {  # drafters whose absorb is captured (engine/prefill_graphs.py), on a target of each kind
+    "tinyds-mtp": ("tinyds", SpeculativeConfig("mtp", num_steps=2)),
+    "tinyqwen35-mtp": ("tinyqwen35", SpeculativeConfig("mtp", num_steps=2)),
+    "tinypy-eagle3": ("tinypy", SPECS["eagle3-chain"]),
+    "tinypy-draft": ("tinypy", SPECS["draft"]),
+}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("target", ["tinyds", "tinyqwen35"])
-def test_mtp_absorb_replays_inside_the_captured_prefill_fp32(target):
-    """Two chained MTP layers captured with each prefill key and replayed after the forward
-    (engine/prefill_graphs.py; tinyds: the MLA kernel, the grouped experts, the last layer's rows routed to none;
-    tinyqwen35: after a hybrid's eager forward): the tokens equal the plain target's, and the drafts accepted come
-    within 5% of an engine's that runs every prefill and absorb eagerly (the padded rows may round differently)."""
+@pytest.mark.parametrize("case", list(ABSORBING))
+def test_absorb_replays_inside_the_captured_prefill_fp32(case):
+    """A drafter's prompt layers captured with each prefill key and replayed after the forward
+    (engine/prefill_graphs.py; tinyds's two MTP layers: the MLA kernel, the grouped experts, the last layer's rows
+    routed to none; tinyqwen35's: after a hybrid's eager forward; EAGLE3's layer; a standalone draft): the tokens
+    equal the plain target's, and the drafts accepted come within 5% of an engine's that runs every prefill and
+    absorb eagerly (the padded rows may round differently)."""
+    target, spec = ABSORBING[case]
     ids = list(range(7, 40))
     prompts = [ids[:5], ids[3:15], ids[10:26]]  # one step: 3 chunks in the key of 4 x 16 tokens
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     kw = dict(device="cuda", dtype="float32", max_num_seqs=4)
-    mtp = SpeculativeConfig("mtp", num_steps=2)
     plain = [o.token_ids for o in LLM(str(ZOO / target), **kw).generate(prompts, params)]
-    eager = LLM(str(ZOO / target), speculative=mtp, cuda_graphs=False, **kw).generate(
+    eager = LLM(str(ZOO / target), speculative=spec, cuda_graphs=False, **kw).generate(
         prompts, params
     )
-    llm = LLM(str(ZOO / target), speculative=mtp, **kw)
+    llm = LLM(str(ZOO / target), speculative=spec, **kw)
     graphs = llm.engine.runner.prefill_graphs
     assert graphs.absorbs and all(call.graph is not None for call in graphs.absorbs.values())
     # the start-up's scratch prefills replayed some already
