@@ -25,6 +25,7 @@ EAGLE3 and 29 ms with a standalone draft.
 
 Models with recurrent layers prefill eagerly: padding tokens would advance a request's recurrent state (their
 MTP layers, attention and experts, are captured).
+
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
 table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
 so the buckets stop below that length and longer chunks prefill eagerly, over their own blocks.
