@@ -135,9 +135,9 @@ class MTPProposer(Proposer):
         return self.layers[0].target_state(self.target, hidden)
 
     # ---- committed rows ------------------------------------------------------------------------
-    # A prefill's rows reach the layers' KV caches in two parts: ``absorb_state`` keeps each chunk's last rows
-    # pending (the window the next draft re-runs) and says which rows the layers run over; the layers' forward
-    # runs eagerly (``absorb``) or inside the captured prefill (``absorb_layers``, engine/prefill_graphs.py).
+    # A prefill's rows reach the layers' KV caches in two parts: ``_settle`` keeps each chunk's last rows pending
+    # (the window the next draft re-runs) and says which rows the layers run over; the layers' forward runs
+    # eagerly (``absorb``) or as captured (``absorb_layers``, then ``absorb_state``: engine/prefill_graphs.py).
     captures_absorb = True
 
     @property
@@ -198,11 +198,8 @@ class MTPProposer(Proposer):
             if any(later)
             else [0] * len(later)
         )  # (a read of the device: only for later chunks)
-        seqs, firsts, runs = (
-            [],
-            [],
-            [],
-        )  # per chunk: its rows (pending ones first), the first, those run
+        # per chunk: its rows (pending ones first), the first, those run
+        seqs, firsts, runs = [], [], []
         for i, (s, start) in enumerate(zip(prefill.req_indices, prefill.starts)):
             held = counts[i] if later[i] else 0
             h = torch.cat([pending.hidden[s, :held], hidden[offsets[i] : offsets[i + 1]]])
