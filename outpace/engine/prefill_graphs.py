@@ -151,6 +151,7 @@ class PrefillGraphs:
         return self._key(counts, starts, self.absorb_buckets, self.absorbs)
 
     def _key(self, counts, starts, sizes, graphs) -> PrefillKey | None:
+        """The smallest key of ``graphs`` (chunk sizes ``sizes``) holding the chunks, within the context."""
         key = (
             bucket_for(CHUNK_BUCKETS, len(counts)),
             bucket_for(sizes, max(counts)),
