@@ -95,6 +95,16 @@ class RecurrentStates:
             torch.tensor([s > 0 for s in starts], device=self.device),
         )
 
+    def padded_prefill(
+        self, indices: torch.Tensor, starts: torch.Tensor, lens: torch.Tensor
+    ) -> RecurrentMetadata | None:
+        """``prefill`` of chunks padded to one length (device tensors [num_seqs], capturable: a captured prefill,
+        engine/prefill_graphs.py): chunk s's first ``lens[s]`` tokens advance its row's state, its padding leaves
+        it as it is."""
+        if not self.has_state:
+            return None
+        return RecurrentMetadata(indices, starts > 0, run_lens=lens)
+
     def decode(self, indices: torch.Tensor, lengths: torch.Tensor) -> RecurrentMetadata | None:
         """A step of one token per row (plain decoding; device tensors, capturable): indices, lengths [b].
         Each row's state advances in place, as a prefill chunk's does: the state after the token is the only

@@ -23,8 +23,12 @@ captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18); on
 (benchmarks/results/e2e, H100) a request cost 5 ms beyond its steady steps with plain decoding, 14 ms with
 EAGLE3 and 29 ms with a standalone draft.
 
-Models with recurrent layers prefill eagerly: padding tokens would advance a request's recurrent state (their
-MTP layers, attention and experts, are captured).
+Models with recurrent layers (Qwen3-Next, Qwen3.5, Nemotron-H) replay chunks below the chunked scans' length
+(layers/chunked_scans.py ``CHUNKED_MIN_LEN``): their recurrent layers take each chunk's real length
+(``RecurrentMetadata.run_lens``), so its padding tokens leave the request's state as it is (the per-token scans
+and the step kernels keep the state at invalid tokens); longer chunks prefill eagerly, as flash-linear-attention's
+chunked kernels have not been captured. On the widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost
+63 ms beyond its steady steps, most of it an eager prefill.
 
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
 table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
@@ -41,8 +45,10 @@ from torch import nn
 
 from outpace.attention import forward_context
 from outpace.attention.uniform_metadata import uniform_paged_metadata
+from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request_table import RequestTable
+from outpace.layers.chunked_scans import CHUNKED_MIN_LEN
 from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.speculative.proposer import Proposer
 
@@ -72,19 +78,19 @@ class PrefillGraphs:
         backend,
         req_table: RequestTable,
         max_rows: int,
-        recurrent: bool,
+        states: RecurrentStates,
         drafter: Proposer | None = None,
     ) -> None:
         """``max_rows``: the positions the model and a row's table allow (a padded chunk stays below);
-        ``recurrent``: the model has recurrent layers (then its forward is not captured); ``drafter``: its
-        absorb's layers are captured where it ``captures_absorb``."""
+        ``states``: the model's recurrent states (module docstring); ``drafter``: its absorb's layers are
+        captured where it ``captures_absorb``."""
         self.model, self.backend, self.req_table, self.max_rows = (
             model,
             backend,
             req_table,
             max_rows,
         )
-        self.recurrent = recurrent
+        self.states = states
         self.buckets: tuple[int, ...] = ()  # P: tokens a chunk, of the captured forwards
         self.graphs: dict[PrefillKey, CapturedCall] = {}
         self.drafter = drafter if drafter is not None and drafter.captures_absorb else None
@@ -99,6 +105,7 @@ class PrefillGraphs:
         self.req_indices = torch.full(
             (k,), req_table.padding_index, dtype=torch.int64, device=device
         )  # [K] their indices
+        self.lens = torch.zeros(k, dtype=torch.int64, device=device)  # [K] their real tokens
         self.target_rows: torch.Tensor | None = (
             None  # [K * P, width] what the drafter reads (stale pads)
         )
@@ -110,9 +117,9 @@ class PrefillGraphs:
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
-        expanded form, none for a recurrent model, and the drafter's absorb for every such key (on CUDA;
-        elsewhere a replay runs it eagerly). The chunks are the padding row's meanwhile: its table points at
-        the padding block."""
+        expanded form (a recurrent model's: below the chunked scans' length), and the drafter's absorb for every
+        such key (on CUDA; elsewhere a replay runs it eagerly). The chunks are the padding row's meanwhile: its
+        table points at the padding block."""
         self.req_indices.fill_(self.req_table.padding_index)
         self.starts.zero_()
         expands = min(
@@ -125,7 +132,7 @@ class PrefillGraphs:
         )
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
         sizes = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
-        self.buckets = () if self.recurrent else sizes
+        self.buckets = tuple(b for b in sizes if b < CHUNKED_MIN_LEN or not self.states.has_state)
         self.absorb_buckets = sizes if self.drafter is not None else ()
         device = self.req_table.device
         self.graphs = {
@@ -207,6 +214,7 @@ class PrefillGraphs:
         chunks, size = key
         pads = chunks - len(counts)
         self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
+        self.lens[:chunks].copy_(torch.tensor(counts + [size] * pads), non_blocking=True)
         self.req_indices[:chunks].copy_(
             torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True
         )
@@ -223,7 +231,10 @@ class PrefillGraphs:
     def _forward(self, chunks: int, size: int):
         """``chunks`` chunks of ``size`` tokens (``_metadata``), static buffers only."""
         meta = self._metadata(chunks, size)
-        with torch.inference_mode(), forward_context(meta, self.backend):
+        recurrent = self.states.padded_prefill(
+            self.req_indices[:chunks], self.starts[:chunks], self.lens[:chunks]
+        )
+        with torch.inference_mode(), forward_context(meta, self.backend, recurrent=recurrent):
             return self.model(self.token_ids[: chunks * size], meta.token_positions)
 
     def _absorb(self, chunks: int, size: int) -> None:

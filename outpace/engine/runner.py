@@ -103,7 +103,7 @@ class ModelRunner:
             model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
         )
         self.prefill_graphs = PrefillGraphs(
-            model, self.backend, self.req_table, max_rows, self.states.has_state, proposer
+            model, self.backend, self.req_table, max_rows, self.states, proposer
         )
         self.prefill_step = PrefillStep(
             model,

@@ -302,7 +302,7 @@ class GatedDeltaNet(RecurrentStateLayer):
             self.norm.weight,
             self.norm.eps,
             context.metadata.token_table(),
-            context.metadata.query_lens,
+            context.recurrent.valid_lens(context.metadata),
             context.recurrent,
             self.states,
             self.snapshots,

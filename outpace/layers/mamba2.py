@@ -218,7 +218,9 @@ class Mamba2Mixer(RecurrentStateLayer):
 
         ctx = get_forward_context()
         meta = ctx.metadata
-        return mamba2_step(self, zxbcdt, meta.token_table(), meta.query_lens, ctx.recurrent)
+        return mamba2_step(
+            self, zxbcdt, meta.token_table(), ctx.recurrent.valid_lens(meta), ctx.recurrent
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [num_tokens, hidden] (normalised) -> [num_tokens, hidden]."""

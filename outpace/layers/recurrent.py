@@ -105,6 +105,13 @@ class RecurrentMetadata:
     # a chain's verify of last_row + 1 tokens a sequence that also leaves the state after its last valid token in
     # the row (module docstring); None: the row untouched
     last_row: int | None = None
+    # [num_seqs] int64: the tokens of each run that advance its state, a prefix (the rest are padding); None:
+    # the forward's query_lens. A captured prefill's chunks, padded to one length (engine/prefill_graphs.py).
+    run_lens: torch.Tensor | None = None
+
+    def valid_lens(self, meta) -> torch.Tensor:
+        """[num_seqs] each run's valid tokens: ``run_lens``, else the paged metadata ``meta``'s query_lens."""
+        return meta.query_lens if self.run_lens is None else self.run_lens
 
     def kernel_parents(self, token_table: torch.Tensor) -> torch.Tensor:
         """The parents a fused step kernel takes (layers/deltanet_step_kernel.py, mamba2_step_kernel.py): a
@@ -151,7 +158,9 @@ class TokenRuns:
                 flat % t,
             )
         index = meta.token_table().long()
-        valid = torch.arange(meta.max_query_len, device=index.device) < meta.query_lens[:, None]
+        recurrent = get_forward_context().recurrent
+        lens = meta.query_lens if recurrent is None else recurrent.valid_lens(meta)  # [num_seqs]
+        valid = torch.arange(meta.max_query_len, device=index.device) < lens[:, None]
         return cls(index, valid, meta.token_seq_index, meta.token_query_index)
 
 

@@ -162,3 +162,33 @@ def test_absorb_replays_inside_the_captured_prefill_fp32(case):
         sum(sum(o.spec_metrics.accepted_per_position) for o in outs) for outs in (got, eager)
     ]
     assert abs(accepted[0] - accepted[1]) <= 0.05 * accepted[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", ["tinyqwen35", "nemotron_h"])
+def test_hybrid_prefill_chunks_replay_captured_forwards_fp32(target, tmp_path):
+    """A hybrid's chunks below the chunked scans' 64 tokens replay a captured forward whose recurrent layers
+    (the DeltaNet / Mamba2 step kernels and per-token scans) take each chunk's real length
+    (engine/prefill_graphs.py): lone, several in a step, a prompt's second chunk continuing its state; the
+    tokens equal those of an engine without graphs."""
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+
+    path = ZOO / target if target.startswith("tiny") else save_hybrid(make_hybrid(target), tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ids = [(i * 37 + 5) % 120 for i in range(90)]
+    for budget, batches in (
+        (128, ([ids[:5]], [ids[:30]], [ids], [ids[:3], ids[40:60]])),
+        (16, ([ids[:30]],)),
+    ):
+        kw = dict(device="cuda", dtype="float32", max_num_seqs=4, max_num_batched_tokens=budget)
+        llm = LLM(str(path), **kw)
+        graphs = llm.engine.runner.prefill_graphs
+        assert graphs.buckets and all(call.graph is not None for call in graphs.graphs.values())
+        keys, run = [], graphs.run
+        graphs.run = lambda key, *args: keys.append(key) or run(key, *args)
+        eager = LLM(str(path), cuda_graphs=False, **kw)
+        for batch in batches:
+            assert [o.token_ids for o in llm.generate(batch, params)] == [
+                o.token_ids for o in eager.generate(batch, params)
+            ]
+        assert keys == ([(1, 16), (1, 32), (2, 32)] if budget == 128 else [(1, 16), (1, 16)])

@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=.
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 --tb=short -rfE tests/gpu/test_gpu_deepseek.py \
-  tests/gpu/test_gpu_moe_families.py tests/gpu/test_gpu.py -k "deepseek or moe or zoo_drafters or every_decode_step or prefill_chunks or absorb" \
+  tests/gpu/test_gpu_moe_families.py tests/gpu/test_gpu.py -k "deepseek or moe or zoo_drafters or every_decode_step or prefill_chunks or absorb or hybrid_prefill" \
   > $OUT/pytest.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
 timeout $(( 590 - SECONDS )) python3 benchmarks/scripts/diag_spec_gaps.py --family deepseek --methods none mtp \
