@@ -4,7 +4,8 @@ Host work: flat inputs and (eager) attention metadata built from lists, one forw
 captured for the chunks' count and token bucket when one holds them, engine/prefill_graphs.py), the
 first token sampled for each request whose prompt the chunk completes, the decode state of the requests
 that decode next written into the request table, and the drafter told what was committed
-(``Proposer.absorb``; its layers replayed as captured where the forward was and the drafter allows).
+(``Proposer.absorb``; its layers replayed as captured where a prefill key holds the chunks and the drafter
+allows).
 """
 
 from __future__ import annotations
