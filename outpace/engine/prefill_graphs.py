@@ -14,7 +14,7 @@ pool's padding block. Sampling the first tokens reads the real rows of the forwa
 order an eager forward gives them.
 
 A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP layers, EAGLE3's, a standalone
-draft without recurrent layers) has them captured for the same keys, over static copies of the prompt's tokens,
+draft without recurrent layers or MLA, DFlash's context rows) has them captured for the same keys, over static copies of the prompt's tokens,
 the tokens after them and the target's rows it reads, and replayed after the sampling (a row may read the
 sampled token), whether the target's forward was replayed or ran eagerly, when every chunk is its request's
 first (a later chunk starts from rows the previous one left pending); other chunks, like other drafters', are

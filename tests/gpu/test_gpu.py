@@ -130,6 +130,7 @@ ABSORBING = {  # drafters whose absorb is captured (engine/prefill_graphs.py), o
     "tinyqwen35-mtp": ("tinyqwen35", SpeculativeConfig("mtp", num_steps=2)),
     "tinypy-eagle3": ("tinypy", SPECS["eagle3-chain"]),
     "tinypy-draft": ("tinypy", SPECS["draft"]),
+    "tinypy-dflash": ("tinypy", SPECS["dflash"]),
 }
 
 
@@ -138,7 +139,8 @@ ABSORBING = {  # drafters whose absorb is captured (engine/prefill_graphs.py), o
 def test_absorb_replays_inside_the_captured_prefill_fp32(case):
     """A drafter's prompt layers captured with each prefill key and replayed after the forward
     (engine/prefill_graphs.py; tinyds's two MTP layers: the MLA kernel, the grouped experts, the last layer's rows
-    routed to none; tinyqwen35's: after a hybrid's eager forward; EAGLE3's layer; a standalone draft): the tokens
+    routed to none; tinyqwen35's: after a hybrid's forward; EAGLE3's layer; a standalone draft; DFlash's context
+    rows): the tokens
     equal the plain target's, and the drafts accepted come within 5% of an engine's that runs every prefill and
     absorb eagerly (the padded rows may round differently)."""
     target, spec = ABSORBING[case]

@@ -78,6 +78,7 @@ class DFlashProposer(Proposer):
         self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
         self.aux_layer_ids = cfg.capture_layer_ids
         bind_kv_cache(self.draft_model, pool, dtype, device)
+        self.dtype = dtype
 
     @property
     def lookahead(self) -> int:
@@ -93,6 +94,25 @@ class DFlashProposer(Proposer):
                 prefill.aux_hidden_states[prefill.rows[ext.rows]]
             )  # [m, hidden]
             self.draft_model.write_context(features, ext.positions, ext.metadata.slot_mapping)
+
+    # a prompt's context rows may be written as captured (engine/prefill_graphs.py): every row, none kept
+    captures_absorb = True
+
+    def absorb_buffer(self, rows: int) -> torch.Tensor:
+        draft = self.draft_model  # the target's aux states, concatenated
+        width = draft.config.num_features * draft.target_hidden_size
+        return torch.zeros(rows, width, dtype=self.dtype, device=self.device)
+
+    def absorb_rows(self, prefill: PrefillRows) -> torch.Tensor:
+        return prefill.aux_hidden_states[prefill.rows]  # [total, num_features * target hidden]
+
+    def absorb_layers(self, meta, token_ids, next_ids, rows) -> None:
+        self.draft_model.write_context(
+            self.draft_model.fuse(rows), meta.token_positions, meta.slot_mapping
+        )
+
+    def absorb_state(self, prefill: PrefillRows) -> None:
+        pass  # (the context rows are the whole of it)
 
     def update(self, verified: Verified) -> None:
         rows = verified.rows
