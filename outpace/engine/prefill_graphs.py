@@ -176,8 +176,7 @@ class PrefillGraphs:
         """The forward of the chunks (``token_ids`` [sum(counts)] on the device, chunk i's ``counts[i]`` tokens
         of the request in ``req_indices[i]`` from KV row ``starts[i]``): outputs [sum(counts), ...] in that order.
         The indices' tables must be on the device (``RequestTable.sync_tables``)."""
-        rows = self._place(key, req_indices, starts, counts)
-        self.token_ids.index_copy_(0, rows, token_ids)
+        rows = self._place(key, req_indices, starts, counts, token_ids)
         out = self.graphs[key].replay()
         aux = out.aux_hidden_states
         return dataclasses.replace(
@@ -199,18 +198,22 @@ class PrefillGraphs:
         """The drafter's captured layers over the chunks (as ``run``'s; on the device: ``token_ids`` and
         ``next_ids`` [sum(counts)] each row's token and the one after it, ``target_rows`` [sum(counts), width]
         the target's rows it reads, or None)."""
-        rows = self._place(key, req_indices, starts, counts)
-        self.token_ids.index_copy_(0, rows, token_ids)
+        rows = self._place(key, req_indices, starts, counts, token_ids)
         self.next_ids.index_copy_(0, rows, next_ids)
         if target_rows is not None:
             self.target_rows.index_copy_(0, rows, target_rows)
         self.absorbs[key].replay()
 
     def _place(
-        self, key: PrefillKey, req_indices: list[int], starts: list[int], counts: list[int]
+        self,
+        key: PrefillKey,
+        req_indices: list[int],
+        starts: list[int],
+        counts: list[int],
+        token_ids: torch.Tensor,
     ) -> torch.Tensor:
-        """Write the chunks' first rows and request indices (the padding row's past them) into the static
-        inputs; returns [sum(counts)] each real token's row of the padded forward."""
+        """Write the chunks (``run``'s arguments: the padding row's past them) into the static inputs; returns
+        [sum(counts)] each real token's row of the padded forward."""
         chunks, size = key
         pads = chunks - len(counts)
         self.starts[:chunks].copy_(torch.tensor(starts + [0] * pads), non_blocking=True)
@@ -219,7 +222,9 @@ class PrefillGraphs:
             torch.tensor(req_indices + [self.req_table.padding_index] * pads), non_blocking=True
         )
         rows = torch.tensor([i * size + j for i, c in enumerate(counts) for j in range(c)])
-        return rows.to(self.token_ids.device, non_blocking=True)
+        rows = rows.to(self.token_ids.device, non_blocking=True)
+        self.token_ids.index_copy_(0, rows, token_ids)
+        return rows
 
     def _metadata(self, chunks: int, size: int):
         """Chunk i at rows starts[i] .. starts[i] + size - 1 of the request in req_indices[i] (static buffers)."""
