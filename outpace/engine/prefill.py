@@ -16,7 +16,7 @@ from torch import nn
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.recurrent_states import RecurrentStates
-from outpace.engine.prefill_graphs import PrefillGraphs
+from outpace.engine.prefill_graphs import PrefillGraphs, PrefillKey
 from outpace.engine.request_table import RequestTable
 from outpace.engine.scheduler import ScheduledRequest
 from outpace.engine.step_key import LogitsFeatures
@@ -76,8 +76,7 @@ class PrefillStep:
                 )
             if self.proposer is not None:
                 self._absorb(
-                    key is not None,
-                    reqs,
+                    key,
                     PrefillRows(
                         req_indices,
                         starts,
@@ -129,18 +128,13 @@ class PrefillStep:
         ):
             return None, self.model(input_ids, pos)
 
-    def _absorb(self, replayed: bool, reqs: list[Request], rows: PrefillRows) -> None:
-        """The drafter told what the chunks committed: its layers replayed as captured where a key absorbs the
-        chunks (engine/prefill_graphs.py; ``replayed``: the forward was, so the tables are on the device), else
-        its eager absorb."""
-        key = self.graphs.absorb_key(
-            rows.counts, rows.starts, [len(r) for r in rows.reused_token_ids]
-        )
-        if key is None:
+    def _absorb(self, key: PrefillKey | None, rows: PrefillRows) -> None:
+        """The drafter told what the chunks committed: its layers replayed as captured where the forward replayed
+        ``key`` and the chunks are their requests' first (engine/prefill_graphs.py), else its eager absorb."""
+        reused = [len(r) for r in rows.reused_token_ids]
+        if not self.graphs.absorbs_after(key, rows.starts, reused):
             self.proposer.absorb(rows)
             return
-        if not replayed:
-            self.req_table.sync_tables([r.request_id for r in reqs])
         self.graphs.absorb(
             key,
             rows.req_indices,

@@ -23,12 +23,13 @@ captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18); on
 (benchmarks/results/e2e, H100) a request cost 5 ms beyond its steady steps with plain decoding, 14 ms with
 EAGLE3 and 29 ms with a standalone draft.
 
-Models with recurrent layers (Qwen3-Next, Qwen3.5, Nemotron-H) replay chunks below the chunked scans' length
-(layers/chunked_scans.py ``CHUNKED_MIN_LEN``): their recurrent layers take each chunk's real length
-(``RecurrentMetadata.run_lens``), so its padding tokens leave the request's state as it is (the per-token scans
-and the step kernels keep the state at invalid tokens); longer chunks prefill eagerly, as flash-linear-attention's
-chunked kernels have not been captured. On the widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost
-63 ms beyond its steady steps, most of it an eager prefill.
+Models with recurrent layers (Qwen3-Next, Qwen3.5, Nemotron-H) replay their chunks too: the recurrent layers take
+each padded chunk's real length (``RecurrentMetadata.run_lens``), so its padding tokens leave the request's state
+as it is. Below the chunked scans' length (layers/chunked_scans.py ``CHUNKED_MIN_LEN``) the per-token scans and
+the step kernels keep the state at invalid tokens; from it on, flash-linear-attention's chunked kernels run in
+their batched form (one run a chunk, no ``cu_seqlens``: nothing read back to the host), where an invalid token
+decays by exp(0) and adds nothing. On the widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost 63 ms
+beyond its steady steps when every hybrid prefill ran eagerly.
 
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
 table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
@@ -48,7 +49,6 @@ from outpace.attention.uniform_metadata import uniform_paged_metadata
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request_table import RequestTable
-from outpace.layers.chunked_scans import CHUNKED_MIN_LEN
 from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.speculative.proposer import Proposer
 
@@ -94,7 +94,6 @@ class PrefillGraphs:
         self.buckets: tuple[int, ...] = ()  # P: tokens a chunk, of the captured forwards
         self.graphs: dict[PrefillKey, CapturedCall] = {}
         self.drafter = drafter if drafter is not None and drafter.captures_absorb else None
-        self.absorb_buckets: tuple[int, ...] = ()  # P, of the drafter's captured layers
         self.absorbs: dict[PrefillKey, CapturedCall] = {}
         device, k = req_table.device, CHUNK_BUCKETS[-1]
         # static inputs, written before each replay
@@ -117,8 +116,7 @@ class PrefillGraphs:
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
-        expanded form (a recurrent model's: below the chunked scans' length), and the drafter's absorb for every
-        such key (on CUDA; elsewhere a replay runs it eagerly). The chunks are the padding row's meanwhile: its
+        expanded form, and the drafter's absorb for every such key (on CUDA; elsewhere a replay runs it eagerly). The chunks are the padding row's meanwhile: its
         table points at the padding block."""
         self.req_indices.fill_(self.req_table.padding_index)
         self.starts.zero_()
@@ -131,9 +129,7 @@ class PrefillGraphs:
             default=math.inf,
         )
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
-        sizes = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
-        self.buckets = tuple(b for b in sizes if b < CHUNKED_MIN_LEN or not self.states.has_state)
-        self.absorb_buckets = sizes if self.drafter is not None else ()
+        self.buckets = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
         device = self.req_table.device
         self.graphs = {
             key: CapturedCall(lambda key=key: self._forward(*key), device, memory_pool)
@@ -141,29 +137,22 @@ class PrefillGraphs:
         }
         self.absorbs = {
             key: CapturedCall(lambda key=key: self._absorb(*key), device, memory_pool)
-            for key in _keys(self.absorb_buckets)
+            for key in (_keys(self.buckets) if self.drafter is not None else ())
         }
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
-        """The key chunks of ``counts`` rows from rows ``starts`` replay, or None (run them eagerly)."""
-        return self._key(counts, starts, self.buckets, self.graphs)
-
-    def absorb_key(
-        self, counts: list[int], starts: list[int], reused: list[int]
-    ) -> PrefillKey | None:
-        """The key whose captured layers absorb the chunks (``reused``: each request's rows from the prefix
-        cache), or None (the drafter absorbs them eagerly): each must be its request's first."""
-        if any(a != r for a, r in zip(starts, reused)):
-            return None
-        return self._key(counts, starts, self.absorb_buckets, self.absorbs)
-
-    def _key(self, counts, starts, sizes, graphs) -> PrefillKey | None:
-        """The smallest key of ``graphs`` (chunk sizes ``sizes``) holding the chunks, within the context."""
+        """The smallest key holding chunks of ``counts`` rows from rows ``starts`` within the context, which they
+        replay, or None (run them eagerly)."""
         key = (
             bucket_for(CHUNK_BUCKETS, len(counts)),
-            bucket_for(sizes, max(counts)),
+            bucket_for(self.buckets, max(counts)),
         )  # (None: no bucket)
-        return key if key in graphs and max(starts) + key[1] <= self.max_rows else None
+        return key if key in self.graphs and max(starts) + key[1] <= self.max_rows else None
+
+    def absorbs_after(self, key: PrefillKey | None, starts: list[int], reused: list[int]) -> bool:
+        """Whether the drafter's captured layers absorb the chunks whose forward replayed ``key`` (None: it ran
+        eagerly; ``reused``: each request's rows from the prefix cache): each must be its request's first."""
+        return key in self.absorbs and all(a == r for a, r in zip(starts, reused))
 
     def run(
         self,

@@ -4,8 +4,8 @@ its shape.
 
 Triton compiles a kernel once per set of constexpr arguments. The decode steps and the lone prefill
 chunks that a prefill bucket holds are captured at start-up (engine/prefill_graphs.py), so theirs are
-compiled then; other prefill steps (several chunks, longer ones, the context's end, a recurrent model's
-chunks of 64 tokens or more, engines without graphs) run eagerly, and their launches derive compile-time values from the chunk:
+compiled then; other prefill steps (several chunks, longer ones, the context's end, engines without graphs)
+run eagerly, and their launches derive compile-time values from the chunk:
 the paged attention kernel its tile height from the longest query (16 to 128 rows of query tokens times the
 GQA group) and its KV split, with the merge's width, from the grid's size and the block table's capacity
 (attention/triton_kernels.launch_config); MoE routing its tiles and logit splits from the token count. On an

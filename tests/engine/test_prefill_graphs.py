@@ -185,25 +185,25 @@ def test_mla_buckets_stop_below_the_expanded_form():
 
 
 @pytest.mark.parametrize("target", ["tinyqwen35", "qwen3_next", "nemotron_h"])
-def test_models_with_recurrent_layers_replay_chunks_below_the_chunked_scans(target, tmp_path):
+def test_models_with_recurrent_layers_replay_their_chunks(target, tmp_path):
     """A hybrid's recurrent layers (gated DeltaNet; Nemotron-H's Mamba2) take each padded chunk's real length,
-    so its padding leaves the request's state as it is: chunks below the chunked scans' 64 tokens replay (lone,
-    several in a step, a prompt's second chunk continuing its state), longer ones prefill eagerly, and the
-    tokens equal an eager engine's."""
+    so its padding leaves the request's state as it is: chunks replay (lone, several in a step, a prompt's
+    second chunk continuing its state, one past the chunked scans' 64 tokens) and the tokens equal an eager
+    engine's."""
     from helpers.hybrid_models import make_hybrid, save_hybrid
 
     path = ZOO / target if target.startswith("tiny") else save_hybrid(make_hybrid(target), tmp_path)
     kw = dict(device="cpu", max_num_seqs=4, max_num_batched_tokens=128)
     graphed, eager = LLM(str(path), **kw), LLM(str(path), **kw)
     graphed.engine.capture_graphs()
-    assert graphed.engine.runner.prefill_graphs.buckets == (16, 32)
+    assert graphed.engine.runner.prefill_graphs.buckets == (16, 32, 64, 128)
     replays = _counting_replays(graphed)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     ids = [(i * 37 + 5) % 120 for i in range(90)]
     for batch in ([ids[:5]], [ids[:30]], [ids], [ids[:3], ids[40:60], ids[7:18]]):
         got, want = graphed.generate(batch, params), eager.generate(batch, params)
         assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert replays == [(1, 16), (1, 32), (4, 32)]  # the 90-token prompt: eager
+    assert replays == [(1, 16), (1, 32), (1, 128), (4, 32)]
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
     kw["max_num_batched_tokens"] = 16  # 30 tokens: a chunk of 16, then one of 14 from the state
@@ -222,8 +222,7 @@ def test_mtp_layers_absorb_inside_the_captured_prefill(target, together):
     """Two chained MTP layers (tinyds: MLA and routed experts; tinyqwen35: a hybrid's) run over a prompt's first
     chunk as captured, replayed after the forward; a later chunk (a step's budget of 16 tokens splits a 30-token
     prompt in two) is absorbed eagerly. Prompts one at a time, or several chunks in one step (with tinyqwen35,
-    one of 40 tokens: its forward runs eagerly, past the hybrid's captured 32, its absorb as captured): the
-    tokens and the acceptance at each draft position equal those of an engine that absorbs every chunk
+    one of 40 tokens): the tokens and the acceptance at each draft position equal those of an engine that absorbs every chunk
     eagerly."""
     kw = dict(
         device="cpu",

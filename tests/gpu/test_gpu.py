@@ -169,10 +169,11 @@ def test_absorb_replays_inside_the_captured_prefill_fp32(case):
 @pytest.mark.gpu
 @pytest.mark.parametrize("target", ["tinyqwen35", "nemotron_h"])
 def test_hybrid_prefill_chunks_replay_captured_forwards_fp32(target, tmp_path):
-    """A hybrid's chunks below the chunked scans' 64 tokens replay a captured forward whose recurrent layers
-    (the DeltaNet / Mamba2 step kernels and per-token scans) take each chunk's real length
-    (engine/prefill_graphs.py): lone, several in a step, a prompt's second chunk continuing its state; the
-    tokens equal those of an engine without graphs."""
+    """A hybrid's prefill chunks replay a captured forward whose recurrent layers take each chunk's real length
+    (engine/prefill_graphs.py): the DeltaNet / Mamba2 step kernels and per-token scans below 64 tokens,
+    flash-linear-attention's chunked kernels in their batched form from 64 (a 90-token prompt in the key of
+    128); lone, several in a step, a prompt's second chunk continuing its state; the tokens equal those of an
+    engine without graphs."""
     from helpers.hybrid_models import make_hybrid, save_hybrid
 
     path = ZOO / target if target.startswith("tiny") else save_hybrid(make_hybrid(target), tmp_path)
@@ -193,4 +194,6 @@ def test_hybrid_prefill_chunks_replay_captured_forwards_fp32(target, tmp_path):
             assert [o.token_ids for o in llm.generate(batch, params)] == [
                 o.token_ids for o in eager.generate(batch, params)
             ]
-        assert keys == ([(1, 16), (1, 32), (2, 32)] if budget == 128 else [(1, 16), (1, 16)])
+        assert keys == (
+            [(1, 16), (1, 32), (1, 128), (2, 32)] if budget == 128 else [(1, 16), (1, 16)]
+        )
