@@ -14,9 +14,11 @@ over the row's pending rows L - count .. L - 1: the rows committed since the las
 plus the K rows before them (fewer near position 0), whose KV some layer wrote from a draft token
 last time (layer k re-runs k of them; the others rewrite identical KV). Layer k's row t reads token t + k + 1:
 a committed one (each pending row keeps the token after it) or, for its last k rows, drafts 1 .. k;
-its last row predicts draft k + 1. With a single MTP layer and more steps, that layer is reused
-autoregressively (DeepSeek-V3 style): step j >= 2 is one row at position L + j - 2 reading draft
-j - 1 and the previous step's output. A draft of fewer steps than S still runs all S layers (the
+its last row predicts draft k + 1. With more steps than layers the last layer goes on
+autoregressively (a single layer reused, DeepSeek-V3 style, or the last of a chain): step j > S is one
+row at position L + j - S - 1 reading draft j - 1 and the previous step's output, as the layer's own rows
+read the layer before's. (vLLM cycles through a chain's layers instead; here a layer attends only to rows
+it wrote itself, and in a chain the last layer is one trained to read an MTP layer's output.) A draft of fewer steps than S still runs all S layers (the
 rows past the drafts read padding tokens and are re-run next time), so every layer's KV is final up
 to row L - K - 1 whatever the step drafted.
 
@@ -89,12 +91,6 @@ class MTPProposer(Proposer):
         if spec.topk != 1:
             raise ConfigError(
                 f"SpeculativeConfig.topk={spec.topk} is invalid for mtp: must be 1 (a chain)"
-            )
-        if n > 1 and spec.num_steps > n:
-            raise ConfigError(
-                f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for mtp: the target has "
-                f"{n} MTP layers, so at most {n} steps (more steps reuse a layer only when there is "
-                f"exactly one)"
             )
         super().__init__(spec, pool, max_requests, device, attention_backend)
         self.target = target
@@ -263,9 +259,9 @@ class MTPProposer(Proposer):
                         )
                     )
         if shape.num_steps > len(self.layers):  # (the window's last rows gathered only for these)
-            layer, h = self.layers[0], h[window.last]
-        for j in range(len(self.layers) + 1, shape.num_steps + 1):  # a single layer, reused
-            row = rows.lengths + j - 2
+            layer, h = self.layers[-1], h[window.last]
+        for j in range(len(self.layers) + 1, shape.num_steps + 1):  # the last layer goes on
+            row = rows.lengths + j - len(self.layers) - 1  # (docstring: it reads draft j - 1)
             with rows.context(row, 1, self.backend):
                 h = layer(row, tokens[-1], h, self.target)
             tokens.append(
