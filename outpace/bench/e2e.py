@@ -65,7 +65,8 @@ LLAMA_TINY_DRAFT = Shape(hidden=256, layers=3, heads=8, kv_heads=2, head_dim=64,
 @dataclass(frozen=True)
 class Family:
     """A zoo target, its drafts, how they are widened (real shapes, and the tiny test ones) and the
-    number of MTP layers the target carries (0: no MTP drafter)."""
+    steps its MTP layers draft at most (0: no MTP drafter; past the target's layers the last one goes on,
+    speculative/drafters/mtp.py), adaptive speculation choosing how many."""
 
     models: tuple[str, ...]  # the target first
     shape: str
@@ -81,7 +82,7 @@ FAMILIES = {
     "llama": Family(
         ZOO_MODELS,
         "Llama-3.1-8B (widened zoo)",
-        3,
+        5,  # 3 layers
         lambda zoo, out, tiny, dtype: widen_zoo(
             zoo, out, *_tiny_or((LLAMA_8B, None), (LLAMA_TINY, LLAMA_TINY_DRAFT), tiny), dtype
         ),
@@ -89,7 +90,7 @@ FAMILIES = {
     "deepseek": Family(
         ("tinyds", "tinyds-eagle3"),
         "DeepSeek-V2-Lite-like (widened tinyds: 6 of 64 experts active as copies of the zoo's 2 of 8)",
-        2,
+        4,  # 2 layers
         lambda zoo, out, tiny, dtype: widen_deepseek_zoo(
             zoo, out, *_tiny_or((), (DS_TINY, DS_TINY_DRAFT), tiny), dtype=dtype
         ),
@@ -97,7 +98,7 @@ FAMILIES = {
     "qwen35": Family(
         ("tinyqwen35", "tinyqwen35-eagle3"),
         "Qwen3.5 (widened tinyqwen35: gated DeltaNet + gated attention)",
-        2,
+        4,  # 2 layers
         lambda zoo, out, tiny, dtype: widen_hybrid_zoo(
             zoo, out, *_tiny_or((), (QWEN35_TINY, QWEN35_TINY_DRAFT), tiny), dtype=dtype
         ),
@@ -153,7 +154,7 @@ def drafters(models: dict[str, Path], family: str = "llama") -> dict[str, Specul
             num_draft_tokens=16,
             adaptive=True,
         ),
-        "mtp": SpeculativeConfig("mtp", num_steps=3, adaptive=True),
+        "mtp": SpeculativeConfig("mtp", num_steps=FAMILIES["llama"].mtp_steps, adaptive=True),
         "dflash": SpeculativeConfig(
             "dflash", str(models["tinypy-dflash"]), num_steps=7, adaptive=True
         ),

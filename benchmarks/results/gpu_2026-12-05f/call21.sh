@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Device call 21 (after calls 19 and 20): the captured absorb on the Llama-3.1-8B shape (widened zoo). bench e2e
-# at batch 1 and 8 with 128 tokens, plain decoding against EAGLE3, the standalone draft and MTP, whose absorbs
-# are now captured. benchmarks/results/e2e (H100, eager absorbs) measured what a request cost beyond its steady
-# steps at batch 1: plain 5 ms, EAGLE3 14 ms, MTP 15.5 ms, the draft 29 ms. Its closed-batch ratios at batch 1,
-# T = 0: EAGLE3 2.56x (steady 2.68x), MTP 2.67x (2.83x).
+# Device call 21 (rewritten 2026-12-05, seventeenth session, before it ran): MTP drafting past its layers (the last
+# layer goes on, 865d49e; bench e2e's MTP now drafts up to 4 steps on
+# the 2-layer DeepSeek and Qwen3.5, 5 on the 3-layer Llama, adaptive). bench e2e at batch 1 (calls 16/20: DeepSeek
+# MTP 1.90x steady, 1.72x closed; Qwen3.5 2.31x, 2.16x), then the Llama shape at batch 1 if time is left.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 580 python3 -m outpace bench e2e --family llama --batch-sizes 1 8 --methods none eagle3 draft mtp \
+timeout 200 python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods none mtp \
+  --out $OUT/e2e_deepseek --workdir /tmp/e2e_deepseek > $OUT/e2e_deepseek.log 2>&1
+echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_deepseek.log
+timeout 200 python3 -m outpace bench e2e --family qwen35 --batch-sizes 1 --methods none mtp \
+  --out $OUT/e2e_qwen35 --workdir /tmp/e2e_qwen35 > $OUT/e2e_qwen35.log 2>&1
+echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_qwen35.log
+timeout $(( 590 - SECONDS )) python3 -m outpace bench e2e --family llama --batch-sizes 1 --methods none eagle3 mtp \
   --out $OUT/e2e_llama --workdir /tmp/e2e_llama > $OUT/e2e_llama.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_llama.log
 sed -i -E 's/\r/\n/g' $OUT/*.log
 sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/*.log
-grep -E -A20 "^method|rc=" $OUT/e2e_llama.log | tail -n 22
+for family in deepseek qwen35 llama; do grep -E -A10 "^method|rc=" $OUT/e2e_$family.log | tail -n 12; done
