@@ -43,8 +43,9 @@ def test_mtp_on_a_qwen35_target_runs_with_default_flags(capsys):
 
 def test_drafters_declare_their_default_steps():
     tinypy = ZOO / "tinypy"
-    assert proposer_class("mtp").default_num_steps(ZOO / "tinyqwen35", None) == 2
-    assert proposer_class("mtp").default_num_steps(tinypy, None) == 3  # num_nextn_predict_layers
+    # past the target's layers (2 and 3) the last one drafts on
+    assert proposer_class("mtp").default_num_steps(ZOO / "tinyqwen35", None) == 5
+    assert proposer_class("mtp").default_num_steps(tinypy, None) == 5
     dflash = json.loads((ZOO / "tinypy-dflash" / "config.json").read_text())
     steps = proposer_class("dflash").default_num_steps(tinypy, ZOO / "tinypy-dflash")
     assert steps == dflash["block_size"] - 1

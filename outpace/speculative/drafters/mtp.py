@@ -38,9 +38,6 @@ precede decoding: none of them finds held rows).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 
 from outpace.attention import build_paged_metadata, forward_context
@@ -49,7 +46,6 @@ from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
 from outpace.layers.moe import RoutedExperts
 from outpace.layers.routed_rows import routed_rows
-from outpace.models.drafts.hybrid_mtp import mtp_layer_count
 from outpace.speculative.chain import chain_drafts, draft_token
 from outpace.speculative.proposer import (
     HOLD_ROWS,
@@ -66,13 +62,6 @@ from outpace.validation import ConfigError
 
 class MTPProposer(Proposer):
     takes_draft_checkpoint = False  # the target's own MTP layers draft
-
-    @classmethod
-    def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
-        """One step per MTP layer when the target chains several (at most that many steps run), else
-        the base default (a single layer drafts every step)."""
-        layers = mtp_layer_count(json.loads((target_dir / "config.json").read_text()))
-        return layers if layers > 1 else super().default_num_steps(target_dir, draft_dir)
 
     def __init__(
         self,
