@@ -27,10 +27,10 @@ def targets(tmp_path_factory):
     }
 
 
-def _first_drafts(path: Path, prompt: list[int]) -> tuple[list[int], list[int]]:
+def _first_drafts(path: Path, prompt: list[int], device: str) -> tuple[list[int], list[int]]:
     """(the greedy output, the drafts of the first decode step) of an engine drafting ``STEPS`` steps."""
     spec = SpeculativeConfig("mtp", num_steps=STEPS, adaptive=False)
-    llm = LLM(str(path), dtype="float32", speculative=spec)
+    llm = LLM(str(path), device=device, dtype="float32", speculative=spec)
     proposer, drafted = llm.engine.proposer, []
     draft = proposer.draft
     proposer.draft = lambda rows, shape: drafted.append(draft(rows, shape)) or drafted[-1]
@@ -52,29 +52,39 @@ def _chain_by_hand(target, committed: torch.Tensor, drafts: list[int]) -> list[i
         for k, layer in enumerate(layers):
             state = layer.target_state(target, hidden) if h is None else h
             inputs = state  # layer k's input rows
-            h = layer(torch.arange(length), tokens[k + 1 : k + 1 + length], state, target)
+            h = layer(
+                torch.arange(length, device=tokens.device),
+                tokens[k + 1 : k + 1 + length],
+                state,
+                target,
+            )
             found.append(int(layer.compute_logits(target, h[-1:]).argmax()))
     reach = len(layers)  # the last layer's row t reads token t + reach
     for rows in range(length + 1, length + 1 + STEPS - len(layers)):
         inputs = torch.cat([inputs, h[-1:]])  # row rows - 1 reads the output at the row before
         with forward_context(DenseCausalMetadata(1, rows)):
-            h = layers[-1](torch.arange(rows), tokens[reach : reach + rows], inputs, target)
+            h = layers[-1](
+                torch.arange(rows, device=tokens.device),
+                tokens[reach : reach + rows],
+                inputs,
+                target,
+            )
         found.append(int(layers[-1].compute_logits(target, h[-1:]).argmax()))
     return found
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("name", ["random-3-layers", "tinyds"])
-def test_steps_past_the_chain_are_its_last_layer_going_on(targets, name):
+def test_steps_past_the_chain_are_its_last_layer_going_on(targets, name, device):
     path = targets[name]
     prompt = [(i * 37 + 11) % 250 + 3 for i in range(9)]
-    plain = LLM(str(path), dtype="float32").generate(
+    plain = LLM(str(path), device=device, dtype="float32").generate(
         [prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     )
-    output, drafts = _first_drafts(path, prompt)
+    output, drafts = _first_drafts(path, prompt, device)
     assert output == plain[0].token_ids and len(drafts) == STEPS  # lossless
-    target = load_model(path, torch.float32, progress=False)
-    committed = torch.tensor(
-        prompt + output[:1]
-    )  # the first decode step drafts after the first token
+    target = load_model(path, torch.float32, device, progress=False)
+    # the first decode step drafts after the first token
+    committed = torch.tensor(prompt + output[:1], device=device)
     with torch.no_grad():
         assert drafts == _chain_by_hand(target, committed, drafts)
