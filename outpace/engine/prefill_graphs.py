@@ -14,14 +14,15 @@ pool's padding block. Sampling the first tokens reads the real rows of the forwa
 order an eager forward gives them.
 
 A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP layers, EAGLE3's, a standalone
-draft without recurrent layers or MLA, DFlash's context rows) has them captured for the same keys, over static copies of the prompt's tokens,
-the tokens after them and the target's rows it reads, and replayed after the sampling (a row may read the
-sampled token), whether the target's forward was replayed or ran eagerly, when every chunk is its request's
+draft without recurrent layers or MLA, DFlash's context rows) has them captured for the same keys, over static
+copies of the prompt's tokens, the tokens after them and the target's rows it reads. They replay after the
+sampling (a row may read the sampled token) where the forward replayed a key and every chunk is its request's
 first (a later chunk starts from rows the previous one left pending); other chunks, like other drafters', are
 absorbed eagerly. An eager absorb of DeepSeek's two MTP layers took 18.4 ms of host time for a prompt whose
-captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18); on the Llama-3.1-8B shape
-(benchmarks/results/e2e, H100) a request cost 5 ms beyond its steady steps with plain decoding, 14 ms with
-EAGLE3 and 29 ms with a standalone draft.
+captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18); captured, the MTP engine's prefill
+step took 18.0 ms against 36.4, plain decoding's 20.5 (gpu_2026-12-05g call 19). On the Llama-3.1-8B shape
+(benchmarks/results/e2e, H100, eager absorbs) a request cost 5 ms beyond its steady steps with plain decoding,
+14 ms with EAGLE3 and 29 ms with a standalone draft.
 
 Models with recurrent layers (Qwen3-Next, Qwen3.5, Nemotron-H) replay their chunks too: the recurrent layers take
 each padded chunk's real length (``RecurrentMetadata.run_lens``), so its padding tokens leave the request's state
