@@ -302,6 +302,8 @@ def run_e2e_bench(
     )  # batch -> the widened target's own greedy tokens
     for name in tqdm(methods or list(specs), desc="e2e methods"):
         llm = target_llm(models, family, specs[name], tiny, **engine)
+        # each sampling mode's step costs as start-up profiled them on padding rows (engine/runner.py ``profile``)
+        profiled = {mode: dict(c.costs) for mode, c in llm.engine.choosers.items()}
         for b in batches:
             _run(
                 llm, prompts, b, greedy.replace(max_tokens=4), counts[b]
@@ -324,17 +326,24 @@ def run_e2e_bench(
                 if spec.num_verifies:
                     row["tau"] = spec.acceptance_length
                     row["verifies_by_num_drafts"] = spec.verifies_by_num_drafts
-                chooser = llm.engine.choosers.get(SamplingMode.of([params]))
+                mode = SamplingMode.of([params])
+                chooser = llm.engine.choosers.get(mode)
                 if chooser is not None:  # what adaptive speculation knew after the row
-                    shapes = llm.engine.runner.shapes
+                    shapes, bucket = (
+                        llm.engine.runner.shapes,
+                        bucket_for(llm.engine.runner.graph_buckets, b),
+                    )
                     row["chooser"] = {
                         "acceptance": {
                             s.label: chooser.acceptance(s) for s in shapes if s.num_steps
                         },
                         "step_ms": {
+                            s.label: 1e3 * c for (bk, s), c in chooser.costs.items() if bk == bucket
+                        },
+                        "profiled_step_ms": {
                             s.label: 1e3 * c
-                            for (bk, s), c in chooser.costs.items()
-                            if bk == bucket_for(llm.engine.runner.graph_buckets, b)
+                            for (bk, s), c in profiled[mode].items()
+                            if bk == bucket
                         },
                     }
                     row["wall_ms_per_step"] = 1e3 * seconds / max(1, spec.num_verifies / counts[b])
