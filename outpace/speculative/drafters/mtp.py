@@ -18,9 +18,9 @@ its last row predicts draft k + 1. With more steps than layers the last layer go
 autoregressively (a single layer reused, DeepSeek-V3 style, or the last of a chain): step j > S is one
 row at position L + j - S - 1 reading draft j - 1 and the previous step's output, as the layer's own rows
 read the layer before's. (vLLM cycles through a chain's layers instead; here a layer attends only to rows
-it wrote itself, and in a chain the last layer is one trained to read an MTP layer's output.) A draft of fewer steps than S still runs all S layers (the
-rows past the drafts read padding tokens and are re-run next time), so every layer's KV is final up
-to row L - K - 1 whatever the step drafted.
+it wrote itself, and in a chain the last layer is one trained to read an MTP layer's output.) A draft of
+fewer steps than S still runs all S layers (the rows past the drafts read padding tokens and are re-run
+next time), so every layer's KV is final up to row L - K - 1 whatever the step drafted.
 
 State per row (speculative/proposer.py ``PendingRows``), padded to ``width`` = K + num_steps + 1 rows
 (at most K kept plus a verify's committed rows), adaptive drafting ``HOLD_ROWS`` more: each pending
