@@ -130,7 +130,7 @@ class PrefillStep:
 
     def _absorb(self, key: PrefillKey | None, rows: PrefillRows) -> None:
         """The drafter told what the chunks committed: its layers replayed as captured where the forward replayed
-        ``key`` and the chunks are their requests' first (engine/prefill_graphs.py), else its eager absorb."""
+        ``key`` (``PrefillGraphs.absorbs_after``), else its eager absorb."""
         reused = [len(r) for r in rows.reused_token_ids]
         if not self.graphs.absorbs_after(key, rows.starts, reused):
             self.proposer.absorb(rows)

@@ -423,6 +423,9 @@ class Proposer(abc.ABC):
     # A drafter whose absorb runs draft layers over the prompt may run them as a captured graph
     # (engine/prefill_graphs.py): ``absorb_layers`` there, then ``absorb_state`` for the rest of ``absorb``.
     captures_absorb = False
+    # Whether the captured layers serve a prompt's later chunks too: each chunk's rows read nothing that the
+    # previous chunk left pending (MTP's chain re-runs its last rows with the next chunk's first).
+    absorbs_chunks_apart = True
 
     @property
     def absorb_reach(self) -> int:
@@ -446,8 +449,8 @@ class Proposer(abc.ABC):
         next_ids: torch.Tensor,
         rows: torch.Tensor | None,
     ) -> None:
-        """The draft layers of ``absorb`` over a captured prefill's padded chunks, first chunks of their requests
-        (``meta``: uniform, causal): ``token_ids`` [n] each row's token, ``next_ids`` [n + absorb_reach] the token
+        """The draft layers of ``absorb`` over a captured prefill's padded chunks (first chunks of their requests
+        unless ``absorbs_chunks_apart``; ``meta``: uniform, causal): ``token_ids`` [n] each row's token, ``next_ids`` [n + absorb_reach] the token
         after each, ``rows`` [n, width] the target's (``absorb_rows``'). Rows past a chunk's own write KV rows
         that the next draft or decode step rewrites before anything reads them, as the target's padding rows do
         (static shapes; ``captures_absorb`` only)."""

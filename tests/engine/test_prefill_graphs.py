@@ -59,8 +59,9 @@ def _counting_replays(llm: LLM) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
     """Prompts one at a time, each in chunks of 32 tokens and a shorter last one, then the first prompt again
-    (with prefix caching, only its uncached suffix): every prefill step replays a bucket, and the tokens,
-    acceptance and prompt log-probabilities equal those of an engine that runs every prefill eagerly."""
+    (with prefix caching, only its uncached suffix): every prefill step replays a bucket, and so does every
+    chunk's absorb but MTP's later chunks (``absorbs_chunks_apart``); the tokens, acceptance and prompt
+    log-probabilities equal those of an engine that runs every prefill and absorb eagerly."""
     spec = spec or SpeculativeConfig()
     eager, graphed = (
         LLM(str(ZOO / "tinypy"), speculative=spec, **ENGINE),
@@ -68,6 +69,10 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
     )
     graphed.engine.capture_graphs()
     replays = _counting_replays(graphed)
+    proposer, eager_starts = graphed.engine.runner.prefill_step.proposer, []
+    if proposer is not None:
+        absorb = proposer.absorb
+        proposer.absorb = lambda rows: eager_starts.extend(rows.starts) or absorb(rows)
     tok = graphed.tokenizer
     prompts = [tok.encode(p)[-40:] for p in _prompts()]
     params = SamplingParams(
@@ -90,6 +95,14 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
         replays[:6] == [(1, 32), (1, 16)] * 3
     )  # the rest: the repeated prompt's suffix (a cache hit, when on)
     assert replays[6:] in ([(1, 16)], [(1, 32), (1, 16)])
+    if (
+        proposer is not None and proposer.captures_absorb
+    ):  # each prompt's 8-token chunk starts at row 32
+        assert (
+            eager_starts == []
+            if proposer.absorbs_chunks_apart
+            else eager_starts in ([32] * 3, [32] * 4)
+        )
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 

@@ -62,6 +62,7 @@ from outpace.validation import ConfigError
 
 class MTPProposer(Proposer):
     takes_draft_checkpoint = False  # the target's own MTP layers draft
+    absorbs_chunks_apart = False  # a later chunk starts from the rows the previous one left pending
 
     def __init__(
         self,
