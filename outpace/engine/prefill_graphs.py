@@ -18,9 +18,10 @@ draft without recurrent layers or MLA, DFlash's context rows) has them captured 
 copies of the prompt's tokens, the tokens after them and the target's rows it reads. They replay after the
 sampling (a row may read the sampled token) where the forward replayed a key; for MTP only where every chunk is
 its request's first (a later chunk starts from rows the previous one left pending: ``absorbs_chunks_apart``).
-Other chunks, like other drafters', are absorbed eagerly. An eager absorb of DeepSeek's two MTP layers took 18.4 ms of host time for a prompt whose
-captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call 18); captured, the MTP engine's prefill
-step took 18.0 ms against 36.4, plain decoding's 20.5 (gpu_2026-12-05g call 19). On the Llama-3.1-8B shape
+Other chunks, like other drafters', are absorbed eagerly. An eager absorb of DeepSeek's two MTP layers took
+18.4 ms of host time for a prompt whose captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call
+18); captured, the MTP engine's prefill step took 18.0 ms against 36.4, plain decoding's 20.5
+(gpu_2026-12-05g call 19). On the Llama-3.1-8B shape
 (benchmarks/results/e2e, H100, eager absorbs) a request cost 5 ms beyond its steady steps with plain decoding,
 14 ms with EAGLE3 and 29 ms with a standalone draft.
 
@@ -117,8 +118,8 @@ class PrefillGraphs:
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
-        expanded form, and the drafter's absorb for every such key (on CUDA; elsewhere a replay runs it eagerly). The chunks are the padding row's meanwhile: its
-        table points at the padding block."""
+        expanded form, and the drafter's absorb for every such key (on CUDA; elsewhere a replay runs it
+        eagerly). The chunks are the padding row's meanwhile: its table points at the padding block."""
         self.req_indices.fill_(self.req_table.padding_index)
         self.starts.zero_()
         expands = min(
