@@ -450,10 +450,10 @@ class Proposer(abc.ABC):
         rows: torch.Tensor | None,
     ) -> None:
         """The draft layers of ``absorb`` over a captured prefill's padded chunks (first chunks of their requests
-        unless ``absorbs_chunks_apart``; ``meta``: uniform, causal): ``token_ids`` [n] each row's token, ``next_ids`` [n + absorb_reach] the token
-        after each, ``rows`` [n, width] the target's (``absorb_rows``'). Rows past a chunk's own write KV rows
-        that the next draft or decode step rewrites before anything reads them, as the target's padding rows do
-        (static shapes; ``captures_absorb`` only)."""
+        unless ``absorbs_chunks_apart``; ``meta``: uniform, causal): ``token_ids`` [n] each row's token,
+        ``next_ids`` [n + absorb_reach] the token after each, ``rows`` [n, width] the target's
+        (``absorb_rows``'). Rows past a chunk's own write KV rows that the next draft or decode step rewrites
+        before anything reads them, as the target's padding rows do (static shapes; ``captures_absorb`` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
 
     def absorb_state(self, prefill: PrefillRows) -> None:

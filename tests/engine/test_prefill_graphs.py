@@ -235,8 +235,8 @@ def test_mtp_layers_absorb_inside_the_captured_prefill(target, together):
     """Two chained MTP layers (tinyds: MLA and routed experts; tinyqwen35: a hybrid's) run over a prompt's first
     chunk as captured, replayed after the forward; a later chunk (a step's budget of 16 tokens splits a 30-token
     prompt in two) is absorbed eagerly. Prompts one at a time, or several chunks in one step (with tinyqwen35,
-    one of 40 tokens): the tokens and the acceptance at each draft position equal those of an engine that absorbs every chunk
-    eagerly."""
+    one of 40 tokens): the tokens and the acceptance at each draft position equal those of an engine that
+    absorbs every chunk eagerly."""
     kw = dict(
         device="cpu",
         max_num_seqs=4,
