@@ -182,7 +182,10 @@ class ModelRunner:
         ]
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
-        """Seconds one replay of the key's graph takes on the GPU (rows of the padding index)."""
+        """Seconds one replay of the key's graph takes on the GPU (rows of the padding index). Every row is the
+        padding row and its drafts repeat a token (tinyds's 4-draft verify read tokens 0, 0, 0, 0, 8), so a
+        mixture's rows route to the same few experts and its deeper verifies and larger batches profile cheaper
+        than real rows; the chooser's measured steps correct the shapes it takes (speculative/adaptive.py)."""
         times = []
         with self.padding_replays(key) as replay:
             for _ in range(repeats + 1):
