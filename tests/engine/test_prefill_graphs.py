@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from outpace import LLM, SamplingParams
+from outpace.cache.kv_cache import bound_caches
 from outpace.config import SpeculativeConfig
 from outpace.engine.prefill_graphs import prefill_buckets
+from outpace.speculative.drafters.mtp import MTPProposer
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 SPECS = pytest.mark.parametrize(
@@ -227,6 +230,57 @@ def test_models_with_recurrent_layers_replay_their_chunks(target, tmp_path):
         o.token_ids for o in eager.generate([ids[:30]], params)
     ]
     assert replays == [(1, 16), (1, 16)]
+
+
+def _mtp_rows_at_first_draft(llm: LLM, ids: list[int], rows: int):
+    """(The greedy output of the lone prompt ``ids``, its MTP layers' cache rows 0 .. rows - 1 as its first draft
+    finds them: each cache tensor's [rows, ...])."""
+    engine, found = llm.engine, []
+    draft = engine.proposer.draft
+
+    def first(decode_rows, shape):
+        if not found:
+            table = engine.runner.req_table.host_tables[int(decode_rows.req_indices[0])]
+            flat, size = torch.arange(rows), engine.pool.block_size
+            at = (table[flat // size].long(), flat % size)
+            caches = bound_caches(engine.proposer.target.mtp_layers)
+            found.append([t[at].clone() for layer in caches for t in layer])
+        return draft(decode_rows, shape)
+
+    engine.proposer.draft = first
+    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    return out, found[0]
+
+
+@pytest.mark.parametrize("budget, length", [(16, 40), (520, 530)])
+@pytest.mark.parametrize("target", ["tinypy", "tinyds"])
+def test_a_single_mtp_layer_absorbs_later_chunks_as_captured(target, budget, length, monkeypatch):
+    """One MTP layer (the target's first, ``num_steps`` 1) runs every row of a chunk, its pending last row too
+    (speculative/drafters/mtp.py), so a prompt's later chunks replay the captured absorb: chunks of 16 tokens all
+    captured, or a first chunk of 520 (past the largest bucket: forward and absorb eager) and a captured one of
+    10 (tinyds's MLA expands past 16 rows: its only bucket). The layer's cache rows of the prompt, the tokens and
+    the acceptance equal those of an engine that absorbs every chunk eagerly as a chain's (each later chunk
+    re-running the row left pending)."""
+    spec = SpeculativeConfig("mtp", num_steps=1)
+    kw = dict(device="cpu", max_num_seqs=2, max_num_batched_tokens=budget, speculative=spec)
+    ids = LLM(str(ZOO / target), **kw).tokenizer.encode(" ".join(_prompts()) * 8)[:length]
+    with monkeypatch.context() as chain:
+        chain.setattr(MTPProposer, "absorbs_chunks_apart", property(lambda self: False))
+        want, want_rows = _mtp_rows_at_first_draft(LLM(str(ZOO / target), **kw), ids, length - 1)
+    graphed = LLM(str(ZOO / target), **kw)
+    graphed.engine.capture_graphs()
+    graphs = graphed.engine.runner.prefill_graphs
+    proposer, eager_absorbs = graphed.engine.runner.prefill_step.proposer, []
+    absorb = proposer.absorb
+    proposer.absorb = lambda rows: eager_absorbs.append(rows.counts) or absorb(rows)
+    got, got_rows = _mtp_rows_at_first_draft(graphed, ids, length - 1)
+    for a, b in zip(got_rows, want_rows):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert got.token_ids == want.token_ids
+    assert got.spec_metrics.accepted_per_position == want.spec_metrics.accepted_per_position
+    assert sum(got.spec_metrics.accepted_per_position) > 0
+    replayed = sum(call.replays for call in graphs.absorbs.values())
+    assert (replayed, eager_absorbs) == ((3, []) if budget == 16 else (1, [[520]]))
 
 
 @pytest.mark.parametrize("together", [False, True])

@@ -33,7 +33,10 @@ drafts would have (each layer's row t once token t + k + 1 is committed: the KV 
 with); ``absorb`` extends every layer over a prompt's rows but the last max(K, 1), which it leaves
 pending (the last row predicts draft 1, whether decoding follows a completed prompt or a recomputed
 one that stops a token short), taking the previous chunk's pending rows with it (prefill chunks
-precede decoding: none of them finds held rows).
+precede decoding: none of them finds held rows). A single layer (K = 0) runs its pending row too: it reads
+only the token after it, which the prefill knows (the prompt's next, or the one sampled or recomputed), so its
+KV is final there, the next chunk needs nothing re-run and its absorb may be captured
+(``absorbs_chunks_apart``), and the next draft rewrites that row's KV as it was.
 """
 
 from __future__ import annotations
@@ -62,7 +65,6 @@ from outpace.validation import ConfigError
 
 class MTPProposer(Proposer):
     takes_draft_checkpoint = False  # the target's own MTP layers draft
-    absorbs_chunks_apart = False  # a later chunk starts from the rows the previous one left pending
 
     def __init__(
         self,
@@ -105,6 +107,12 @@ class MTPProposer(Proposer):
     def lookahead(self) -> int:
         # the verify's rows reach L + num_steps; the window's padding rows start + width - 1 <= L + width - 2
         return max(self.spec.num_steps, self.pending.width - 2)
+
+    @property
+    def absorbs_chunks_apart(self) -> bool:
+        """A single layer's chunk leaves nothing to re-run (module docstring); a chain's layer k reads k tokens
+        further, past its chunk, so a later chunk starts from the rows the previous one left pending."""
+        return len(self.layers) == 1
 
     @property
     def unsettled_rows(self) -> int:
@@ -169,21 +177,23 @@ class MTPProposer(Proposer):
         self._settle(prefill)
 
     def _settle(self, prefill: PrefillRows):
-        """``absorb`` but the layers' forward: each chunk's last rows (with those a previous chunk left pending
-        before them) become its pending window. Returns None when no layer runs, else (the chunks with rows to
+        """``absorb`` but the layers' forward: each chunk's last rows (with those a previous chunk of a chain left
+        pending before them) become its pending window. Returns None when no layer runs, else (the chunks with rows to
         run, each chunk's first row, its rows to run, its (target states [rows, hidden], next tokens [rows]))."""
         hidden = self._target_state(prefill.hidden_states[prefill.rows])  # [total, hidden]
         offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
         pending = self.pending
-        # a later chunk: the previous one's pending rows come first (rows reused from the prefix cache are final)
+        # a later chunk of a chain: the previous one's pending rows come first (rows reused from the prefix cache
+        # are final, and so are a single layer's: module docstring)
         later = [
-            start > len(reused) for start, reused in zip(prefill.starts, prefill.reused_token_ids)
+            start > len(reused) and not self.absorbs_chunks_apart
+            for start, reused in zip(prefill.starts, prefill.reused_token_ids)
         ]
         counts = (
             pending.count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
             if any(later)
             else [0] * len(later)
-        )  # (a read of the device: only for later chunks)
+        )  # (a read of the device: only for later chunks of a chain)
         # per chunk: its rows (pending ones first), the first, those run
         seqs, firsts, runs = [], [], []
         for i, (s, start) in enumerate(zip(prefill.req_indices, prefill.starts)):
@@ -193,12 +203,13 @@ class MTPProposer(Proposer):
                 [pending.tokens[s, :held], prefill.next_token_ids[offsets[i] : offsets[i + 1]]]
             )
             keep = min(max(self.keep, 1), h.shape[0])
+            pend = h.shape[0] - keep  # the first row left pending
             seqs.append((h, t))  # [rows, hidden], [rows]
             firsts.append(start - held)
-            runs.append(h.shape[0] - keep)
-            pending.hidden[s, :keep] = h[runs[-1] :]
-            pending.tokens[s, :keep] = t[runs[-1] :]
-            pending.start[s] = start - held + runs[-1]
+            runs.append(h.shape[0] if self.absorbs_chunks_apart else pend)
+            pending.hidden[s, :keep] = h[pend:]
+            pending.tokens[s, :keep] = t[pend:]
+            pending.start[s] = start - held + pend
             pending.count[s] = keep
         take = [i for i, m in enumerate(runs) if m > 0]
         return (take, firsts, runs, seqs) if take else None
