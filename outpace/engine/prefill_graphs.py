@@ -16,8 +16,9 @@ order an eager forward gives them.
 A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP layers, EAGLE3's, a standalone
 draft without recurrent layers or MLA, DFlash's context rows) has them captured for the same keys, over static
 copies of the prompt's tokens, the tokens after them and the target's rows it reads. They replay after the
-sampling (a row may read the sampled token) where the forward replayed a key; for MTP only where every chunk is
-its request's first (a later chunk starts from rows the previous one left pending: ``absorbs_chunks_apart``).
+sampling (a row may read the sampled token) where the forward replayed a key; for a chain of MTP layers only where
+every chunk is its request's first (a later chunk starts from rows the previous one left pending:
+``absorbs_chunks_apart``).
 Other chunks, like other drafters', are absorbed eagerly. An eager absorb of DeepSeek's two MTP layers took
 18.4 ms of host time for a prompt whose captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call
 18); captured, the MTP engine's prefill step took 18.0 ms against 36.4, plain decoding's 20.5
