@@ -39,7 +39,7 @@ REPLAYS = 3
 
 def replay_events(llm, batch: int, tokens: int) -> list:
     """The kernels of one replay (the second of REPLAYS) of the step verifying ``tokens`` a sequence, on the
-    padding rows (``ModelRunner.padding_replays``: the copies that save and restore the state buffers stay
+    idle rows (``ModelRunner.probe_replays``: the copies that save and restore the state buffers stay
     outside the profiled region, so the region holds the replays alone)."""
     runner = llm.engine.runner
     shape = DraftShape(
@@ -51,7 +51,7 @@ def replay_events(llm, batch: int, tokens: int) -> list:
         SamplingMode.GREEDY,
         narrow=runner.holds.narrow_variants(shape)[-1],
     )
-    with runner.padding_replays(key) as replay:
+    with runner.probe_replays(key) as replay:
         replay()  # warm
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -93,6 +93,12 @@ class RequestTable:
         """Rows no request holds (the padding row not counted)."""
         return len(self._free)
 
+    def idle_rows(self, n: int) -> list[int]:
+        """``n`` rows for a step that serves no request (``ModelRunner.probe_replays``): rows no request holds,
+        then the padding row where they run out."""
+        idle = self._free[::-1][:n]
+        return idle + [self.padding_index] * (n - len(idle))
+
     def rows(
         self, indices: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

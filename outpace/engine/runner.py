@@ -182,12 +182,10 @@ class ModelRunner:
         ]
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
-        """Seconds one replay of the key's graph takes on the GPU (rows of the padding index). Every row is the
-        padding row and its drafts repeat a token (tinyds's 4-draft verify read tokens 0, 0, 0, 0, 8), so a
-        mixture's rows route to the same few experts and its deeper verifies and larger batches profile cheaper
-        than real rows; the chooser's measured steps correct the shapes it takes (speculative/adaptive.py)."""
+        """Seconds one replay of the key's graph takes on the GPU, over idle rows that each forward a token of
+        their own (``probe_replays``)."""
         times = []
-        with self.padding_replays(key) as replay:
+        with self.probe_replays(key) as replay:
             for _ in range(repeats + 1):
                 start = torch.cuda.Event(enable_timing=True)
                 end = torch.cuda.Event(enable_timing=True)
@@ -199,11 +197,24 @@ class ModelRunner:
         return sorted(times[1:])[repeats // 2]
 
     @contextmanager
-    def padding_replays(self, key: StepKey) -> Iterator[Callable[[], torch.Tensor]]:
-        """Yields a function that runs the key's step on the padding rows; every per-request buffer the step
-        advances (``state_buffers``) is restored afterwards (a profile's replays, benchmarks' timelines)."""
-        self.decode_step.batch_indices.fill_(self.req_table.padding_index)
+    def probe_replays(self, key: StepKey) -> Iterator[Callable[[], torch.Tensor]]:
+        """Yields a function that runs the key's step for no request (a profile's replays, benchmarks'
+        timelines): over rows no request holds (``RequestTable.idle_rows``), each starting from KV length 0
+        with a token of its own (a fixed draw), so a mixture routes them apart as it would real requests. On
+        the padding row alone every row forwarded one token and the drafts repeated it (tinyds's 4-draft
+        verify read 0, 0, 0, 0, 8): the rows met the same few experts, and a MoE's deeper verifies and larger
+        batches profiled cheaper than they run. Idle rows' tables point at the padding block, so their KV
+        lands where no request reads; every per-request buffer the step advances (``state_buffers``) is
+        restored afterwards."""
+        table, b = self.req_table, key.bucket
+        rows = torch.tensor(table.idle_rows(b), device=table.device)
+        draw = torch.Generator().manual_seed(0)
+        tokens = torch.randint(table.vocab_size, (b,), generator=draw).to(table.device)
         saved = [t.clone() for t in self.decode_step.state_buffers(key)]
+        table.lengths[rows] = 0
+        table.last_tokens[rows] = tokens
+        self.decode_step.batch_indices.fill_(table.padding_index)
+        self.decode_step.batch_indices[:b] = rows
         try:
             yield lambda: self.decode_step.run(key)
         finally:
