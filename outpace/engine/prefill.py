@@ -75,6 +75,7 @@ class PrefillStep:
                     reqs, req_indices, starts, counts, decodes, dict(zip(done, sampled.unbind(0)))
                 )
             if self.proposer is not None:
+                after = _tokens_after(reqs, starts, counts, sampled, self.proposer.absorb_reach)
                 self._absorb(
                     key,
                     PrefillRows(
@@ -84,11 +85,12 @@ class PrefillStep:
                         decodes,
                         torch.arange(len(ids), device=self.device),
                         input_ids,
-                        _next_tokens(reqs, starts, counts, sampled),
+                        *after,
                         out.hidden_states,
                         out.aux_hidden_states,
                         tables,
                         [r.token_ids[: s.num_reused_tokens] for r, s in zip(reqs, batch)],
+                        [r.num_tokens for r in reqs],
                     ),
                 )
             tokens = sampled.tolist()  # the completed prompts', in batch order
@@ -131,8 +133,7 @@ class PrefillStep:
     def _absorb(self, key: PrefillKey | None, rows: PrefillRows) -> None:
         """The drafter told what the chunks committed: its layers replayed as captured where the forward replayed
         ``key`` (``PrefillGraphs.absorbs_after``), else its eager absorb."""
-        reused = [len(r) for r in rows.reused_token_ids]
-        if not self.graphs.absorbs_after(key, rows.starts, reused):
+        if not self.graphs.absorbs_after(key, rows):
             self.proposer.absorb(rows)
             return
         self.graphs.absorb(
@@ -142,6 +143,7 @@ class PrefillStep:
             rows.counts,
             rows.token_ids,
             rows.next_token_ids,
+            rows.ahead_token_ids,
             self.proposer.absorb_rows(rows),
         )
         self.proposer.absorb_state(rows)
@@ -232,12 +234,14 @@ class PrefillStep:
             offset += c
 
 
-def _next_tokens(
-    reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor
-) -> torch.Tensor:
-    """[sum(counts)] the token after each prefill row: the prompt's next one, or for the last row of a
-    completed prompt the token just ``sampled`` ([completed prompts] on the device, in batch order)."""
-    tokens, tails = [], []
+def _tokens_after(
+    reqs: list[Request], starts: list[int], counts: list[int], sampled: torch.Tensor, reach: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``PrefillRows.next_token_ids`` [sum(counts)], ``ahead_token_ids`` [len(reqs), reach]), one copy to the
+    device: the token after each prefill row (the prompt's next one, or for the last row of a completed
+    prompt the token just ``sampled``: [completed prompts] on the device, in batch order), then each
+    chunk's ``reach`` tokens after its last row's next one, where the request holds them (0 past them)."""
+    tokens, tails, ahead = [], [], []
     for r, a, c in zip(reqs, starts, counts):
         known = r.token_ids[a + 1 : a + c + 1]
         tokens += known + [0] * (
@@ -245,7 +249,10 @@ def _next_tokens(
         )  # one row short exactly when the chunk completes the prompt
         if len(known) < c:
             tails.append(len(tokens) - 1)
-    next_ids = torch.tensor(tokens, dtype=torch.int64, device=sampled.device)
+        further = r.token_ids[a + c + 1 : a + c + 1 + reach]
+        ahead += further + [0] * (reach - len(further))
+    both = torch.tensor(tokens + ahead, dtype=torch.int64, device=sampled.device)
+    next_ids, ahead_ids = both[: len(tokens)], both[len(tokens) :].view(len(reqs), reach)
     if tails:
         next_ids[torch.tensor(tails, device=sampled.device)] = sampled
-    return next_ids
+    return next_ids, ahead_ids

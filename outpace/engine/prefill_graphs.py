@@ -16,15 +16,15 @@ order an eager forward gives them.
 A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP layers, EAGLE3's, a standalone
 draft without recurrent layers or MLA, DFlash's context rows) has them captured for the same keys, over static
 copies of the prompt's tokens, the tokens after them and the target's rows it reads. They replay after the
-sampling (a row may read the sampled token) where the forward replayed a key; for a chain of MTP layers only where
-every chunk is its request's first (a later chunk starts from rows the previous one left pending:
-``absorbs_chunks_apart``).
-Other chunks, like other drafters', are absorbed eagerly. An eager absorb of DeepSeek's two MTP layers took
-18.4 ms of host time for a prompt whose captured forward took 1.6 (H100, benchmarks/results/gpu_2026-12-05f call
-18); captured, the MTP engine's prefill step took 18.0 ms against 36.4, plain decoding's 20.5
-(gpu_2026-12-05g call 19). On the Llama-3.1-8B shape
-(benchmarks/results/e2e, H100, eager absorbs) a request cost 5 ms beyond its steady steps with plain decoding,
-14 ms with EAGLE3 and 29 ms with a standalone draft.
+sampling (a row may read the sampled token) where the forward replayed a key and no chunk reads rows that its
+request's previous chunk left pending (``Proposer.absorbs_captured``: a chain of MTP layers leaves some only
+before a final chunk of at most K tokens). Each chunk's next tokens fill a row of P + ``absorb_reach``, the tokens
+its MTP layers read past the chunk last. Other chunks, like other drafters', are absorbed eagerly. An eager
+absorb of DeepSeek's two MTP layers took 18.4 ms of host time for a prompt whose captured forward took 1.6 (H100,
+benchmarks/results/gpu_2026-12-05f call 18); captured, the MTP engine's prefill step took 18.0 ms against 36.4,
+plain decoding's 20.5 (gpu_2026-12-05g call 19). On the Llama-3.1-8B shape (benchmarks/results/e2e, H100, eager
+absorbs) a request cost 5 ms beyond its steady steps with plain decoding, 14 ms with EAGLE3 and 29 ms with a
+standalone draft.
 
 Models with recurrent layers (Qwen3-Next, Qwen3.5, Nemotron-H) replay their chunks too: the recurrent layers take
 each padded chunk's real length (``RecurrentMetadata.run_lens``), so its padding tokens leave the request's state
@@ -53,7 +53,7 @@ from outpace.cache.recurrent_states import RecurrentStates
 from outpace.engine.cuda_graphs import CapturedCall, bucket_for
 from outpace.engine.request_table import RequestTable
 from outpace.layers.mla import MultiHeadLatentAttention
-from outpace.speculative.proposer import Proposer
+from outpace.speculative.proposer import PrefillRows, Proposer
 
 SMALLEST_PREFILL_BUCKET = 16  # the attention kernel's smallest tile: fewer rows cost the same
 LARGEST_PREFILL_BUCKET = (
@@ -114,8 +114,10 @@ class PrefillGraphs:
         if self.drafter is not None:
             self.target_rows = self.drafter.absorb_buffer(LARGEST_PREFILL_BUCKET)
             self.next_ids = torch.zeros(
-                LARGEST_PREFILL_BUCKET + self.drafter.absorb_reach, dtype=torch.int64, device=device
-            )  # [K * P + reach] the token after each row (stale pads)
+                LARGEST_PREFILL_BUCKET + k * self.drafter.absorb_reach,
+                dtype=torch.int64,
+                device=device,
+            )  # [K * (P + reach)] each chunk's token after each row, then its tokens ahead (stale pads)
 
     def capture(self, buckets: tuple[int, ...], memory_pool=None) -> None:
         """Capture the forward for every key whose chunk size fits the context and stays below an MLA layer's
@@ -152,13 +154,10 @@ class PrefillGraphs:
         )  # (None: no bucket)
         return key if key in self.graphs and max(starts) + key[1] <= self.max_rows else None
 
-    def absorbs_after(self, key: PrefillKey | None, starts: list[int], reused: list[int]) -> bool:
+    def absorbs_after(self, key: PrefillKey | None, prefill: PrefillRows) -> bool:
         """Whether the drafter's captured layers absorb the chunks whose forward replayed ``key`` (None: it ran
-        eagerly; ``reused``: each request's rows from the prefix cache): each must be its request's first unless
-        the drafter ``absorbs_chunks_apart``."""
-        if key not in self.absorbs:
-            return False
-        return self.drafter.absorbs_chunks_apart or all(a == r for a, r in zip(starts, reused))
+        eagerly): where the drafter ``absorbs_captured`` them."""
+        return key in self.absorbs and self.drafter.absorbs_captured(prefill)
 
     def run(
         self,
@@ -188,13 +187,19 @@ class PrefillGraphs:
         counts: list[int],
         token_ids: torch.Tensor,
         next_ids: torch.Tensor,
+        ahead_ids: torch.Tensor,
         target_rows: torch.Tensor | None,
     ) -> None:
         """The drafter's captured layers over the chunks (as ``run``'s; on the device: ``token_ids`` and
-        ``next_ids`` [sum(counts)] each row's token and the one after it, ``target_rows`` [sum(counts), width]
-        the target's rows it reads, or None)."""
+        ``next_ids`` [sum(counts)] each row's token and the one after it, ``ahead_ids`` [chunks, reach] the
+        tokens after each chunk's last next one, ``target_rows`` [sum(counts), width] the target's rows it
+        reads, or None)."""
         rows = self._place(key, req_indices, starts, counts, token_ids)
-        self.next_ids.index_copy_(0, rows, next_ids)
+        wide, reach = key[1] + self.drafter.absorb_reach, self.drafter.absorb_reach
+        at = [i * wide + j for i, c in enumerate(counts) for j in range(c)]
+        ahead = [i * wide + c + j for i, c in enumerate(counts) for j in range(reach)]
+        at = torch.tensor(at + ahead).to(self.next_ids.device, non_blocking=True)
+        self.next_ids.index_copy_(0, at, torch.cat([next_ids, ahead_ids.flatten()]))
         if target_rows is not None:
             self.target_rows.index_copy_(0, rows, target_rows)
         self.absorbs[key].replay()
@@ -239,12 +244,12 @@ class PrefillGraphs:
 
     def _absorb(self, chunks: int, size: int) -> None:
         """The drafter's layers over ``chunks`` chunks of ``size`` rows (``_metadata``), static buffers only."""
-        n = chunks * size
+        n, wide = chunks * size, size + self.drafter.absorb_reach
         with torch.inference_mode():
             self.drafter.absorb_layers(
                 self._metadata(chunks, size),
                 self.token_ids[:n],
-                self.next_ids[: n + self.drafter.absorb_reach],
+                self.next_ids[: chunks * wide].view(chunks, wide),
                 None if self.target_rows is None else self.target_rows[:n],
             )
 

@@ -199,12 +199,18 @@ class PrefillRows:
     rows: torch.Tensor  # [total] int64 index of each committed row into the forward's outputs
     token_ids: torch.Tensor  # [total] int64 the token at each row (the forward's input)
     next_token_ids: torch.Tensor  # [total] int64 the token after each row
+    # [len(req_indices), absorb_reach] int64: the tokens after each chunk's last next token, as far as its
+    # request's tokens go (0 past them): MTP's later layers read them
+    ahead_token_ids: torch.Tensor
     hidden_states: torch.Tensor  # [num_rows_in_forward, hidden]
     aux_hidden_states: torch.Tensor | None
     tables: list[list[int]]  # each request's block table
     # each request's tokens at rows 0 .. starts[i] - 1 when this is its first chunk and those rows came
     # from the prefix cache (cache/prefix_cache.py), else []: their KV, the target's and the drafter's, is final
     reused_token_ids: list[list[int]]
+    num_tokens: list[
+        int
+    ]  # each request's tokens the host holds (the prompt, and a recomputed one's outputs)
 
 
 # Rows a pending window holds past a verify's committed rows: zero-draft steps held between two forwards.
@@ -423,9 +429,11 @@ class Proposer(abc.ABC):
     # A drafter whose absorb runs draft layers over the prompt may run them as a captured graph
     # (engine/prefill_graphs.py): ``absorb_layers`` there, then ``absorb_state`` for the rest of ``absorb``.
     captures_absorb = False
-    # Whether the captured layers serve a prompt's later chunks too: each chunk's rows read nothing that the
-    # previous chunk left pending (MTP's chain re-runs its last rows with the next chunk's first).
-    absorbs_chunks_apart = True
+
+    def absorbs_captured(self, prefill: PrefillRows) -> bool:
+        """Whether the captured layers may absorb these chunks: no chunk's rows read rows that the request's
+        previous chunk left pending (a chain of MTP layers may leave some: speculative/drafters/mtp.py)."""
+        return True
 
     @property
     def absorb_reach(self) -> int:
@@ -449,11 +457,12 @@ class Proposer(abc.ABC):
         next_ids: torch.Tensor,
         rows: torch.Tensor | None,
     ) -> None:
-        """The draft layers of ``absorb`` over a captured prefill's padded chunks (first chunks of their requests
-        unless ``absorbs_chunks_apart``; ``meta``: uniform, causal): ``token_ids`` [n] each row's token,
-        ``next_ids`` [n + absorb_reach] the token after each, ``rows`` [n, width] the target's
-        (``absorb_rows``'). Rows past a chunk's own write KV rows that the next draft or decode step rewrites
-        before anything reads them, as the target's padding rows do (static shapes; ``captures_absorb`` only)."""
+        """The draft layers of ``absorb`` over a captured prefill's K padded chunks of P rows
+        (``absorbs_captured``; ``meta``: uniform, causal): ``token_ids`` [n = K * P] each row's token,
+        ``next_ids`` [K, P + absorb_reach] each chunk's token after each row, then its ``ahead_token_ids``,
+        ``rows`` [n, width] the target's (``absorb_rows``'). Rows past a chunk's own write KV rows that the next
+        draft or decode step rewrites before anything reads them, as the target's padding rows do (static
+        shapes; ``captures_absorb`` only)."""
         raise NotImplementedError(f"{type(self).__name__} does not capture its absorb")
 
     def absorb_state(self, prefill: PrefillRows) -> None:

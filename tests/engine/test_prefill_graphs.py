@@ -13,7 +13,6 @@ from outpace import LLM, SamplingParams
 from outpace.cache.kv_cache import bound_caches
 from outpace.config import SpeculativeConfig
 from outpace.engine.prefill_graphs import prefill_buckets
-from outpace.speculative.drafters.mtp import MTPProposer
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 SPECS = pytest.mark.parametrize(
@@ -63,8 +62,8 @@ def _counting_replays(llm: LLM) -> list[tuple[int, int]]:
 def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
     """Prompts one at a time, each in chunks of 32 tokens and a shorter last one, then the first prompt again
     (with prefix caching, only its uncached suffix): every prefill step replays a bucket, and so does every
-    chunk's absorb but MTP's later chunks (``absorbs_chunks_apart``); the tokens, acceptance and prompt
-    log-probabilities equal those of an engine that runs every prefill and absorb eagerly."""
+    chunk's absorb; the tokens, acceptance and prompt log-probabilities equal those of an engine that runs every
+    prefill and absorb eagerly."""
     spec = spec or SpeculativeConfig()
     eager, graphed = (
         LLM(str(ZOO / "tinypy"), speculative=spec, **ENGINE),
@@ -98,14 +97,9 @@ def test_lone_chunks_replay_a_bucket_and_change_no_token(spec, temperature):
         replays[:6] == [(1, 32), (1, 16)] * 3
     )  # the rest: the repeated prompt's suffix (a cache hit, when on)
     assert replays[6:] in ([(1, 16)], [(1, 32), (1, 16)])
-    if (
-        proposer is not None and proposer.captures_absorb
-    ):  # each prompt's 8-token chunk starts at row 32
-        assert (
-            eager_starts == []
-            if proposer.absorbs_chunks_apart
-            else eager_starts in ([32] * 3, [32] * 4)
-        )
+    if proposer is not None and proposer.captures_absorb:
+        # each prompt's 8-token chunk (row 32 on) follows one that ran whole (MTP's reads up to 2 tokens on)
+        assert eager_starts == []
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 
@@ -252,43 +246,55 @@ def _mtp_rows_at_first_draft(llm: LLM, ids: list[int], rows: int):
     return out, found[0]
 
 
-@pytest.mark.parametrize("budget, length", [(16, 40), (520, 530)])
+@pytest.mark.parametrize(
+    "chain, budget, length, absorbs",
+    [
+        (False, 16, 40, (3, [])),
+        (False, 520, 530, (1, [[520]])),
+        (True, 16, 40, (3, [])),
+        (True, 16, 33, (2, [[1]])),
+        (True, 520, 530, (1, [[520]])),
+    ],
+)
 @pytest.mark.parametrize("target", ["tinypy", "tinyds"])
-def test_a_single_mtp_layer_absorbs_later_chunks_as_captured(target, budget, length, monkeypatch):
-    """One MTP layer (the target's first, ``num_steps`` 1) runs every row of a chunk, its pending last row too
-    (speculative/drafters/mtp.py), so a prompt's later chunks replay the captured absorb: chunks of 16 tokens all
-    captured, or a first chunk of 520 (past the largest bucket: forward and absorb eager) and a captured one of
-    10 (tinyds's MLA expands past 16 rows: its only bucket). The layer's cache rows of the prompt, the tokens and
-    the acceptance equal those of an engine that absorbs every chunk eagerly as a chain's (each later chunk
-    re-running the row left pending)."""
-    spec = SpeculativeConfig("mtp", num_steps=1)
-    kw = dict(device="cpu", max_num_seqs=2, max_num_batched_tokens=budget, speculative=spec)
-    ids = LLM(str(ZOO / target), **kw).tokenizer.encode(" ".join(_prompts()) * 8)[:length]
-    with monkeypatch.context() as chain:
-        chain.setattr(MTPProposer, "absorbs_chunks_apart", property(lambda self: False))
-        want, want_rows = _mtp_rows_at_first_draft(LLM(str(ZOO / target), **kw), ids, length - 1)
-    graphed = LLM(str(ZOO / target), **kw)
+def test_mtp_layers_absorb_later_chunks_as_captured(target, chain, budget, length, absorbs):
+    """MTP layers run a chunk whole where the request holds every token they read past it
+    (speculative/drafters/mtp.py), so a prompt's later chunks replay the captured absorb: one layer (the target's
+    first, ``num_steps`` 1) or the whole chain (tinypy's 3, tinyds's 2), over chunks of 16 tokens, or a first
+    chunk of 520 (past the largest bucket: forward and absorb eager) and a captured one of 10 (tinyds's MLA
+    expands past 16 rows: its only bucket). A chain's chunk followed by at most K tokens (33 tokens: 16, 16 and
+    1) leaves its last rows unrun, and the 1-token chunk takes them with it, eagerly. ``absorbs``: the captured
+    absorbs replayed and the chunks absorbed eagerly. The layers' final cache rows of the prompt at the first
+    draft (those before its pending window), the tokens and the acceptance equal those of an engine given the
+    whole prompt as one eager chunk."""
+    layers = (3 if target == "tinypy" else 2) if chain else 1
+    kw = dict(device="cpu", max_num_seqs=2, speculative=SpeculativeConfig("mtp", num_steps=layers))
+    whole = LLM(str(ZOO / target), max_num_batched_tokens=1024, **kw)
+    ids = whole.tokenizer.encode(" ".join(_prompts()) * 8)[:length]
+    final_rows = length - max(layers - 1, 1)
+    want, want_rows = _mtp_rows_at_first_draft(whole, ids, final_rows)
+    graphed = LLM(str(ZOO / target), max_num_batched_tokens=budget, **kw)
     graphed.engine.capture_graphs()
     graphs = graphed.engine.runner.prefill_graphs
     proposer, eager_absorbs = graphed.engine.runner.prefill_step.proposer, []
     absorb = proposer.absorb
     proposer.absorb = lambda rows: eager_absorbs.append(rows.counts) or absorb(rows)
-    got, got_rows = _mtp_rows_at_first_draft(graphed, ids, length - 1)
+    got, got_rows = _mtp_rows_at_first_draft(graphed, ids, final_rows)
     for a, b in zip(got_rows, want_rows):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert got.token_ids == want.token_ids
     assert got.spec_metrics.accepted_per_position == want.spec_metrics.accepted_per_position
     assert sum(got.spec_metrics.accepted_per_position) > 0
     replayed = sum(call.replays for call in graphs.absorbs.values())
-    assert (replayed, eager_absorbs) == ((3, []) if budget == 16 else (1, [[520]]))
+    assert (replayed, eager_absorbs) == absorbs
 
 
 @pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("target", ["tinyds", "tinyqwen35"])
 def test_mtp_layers_absorb_inside_the_captured_prefill(target, together):
-    """Two chained MTP layers (tinyds: MLA and routed experts; tinyqwen35: a hybrid's) run over a prompt's first
-    chunk as captured, replayed after the forward; a later chunk (a step's budget of 16 tokens splits a 30-token
-    prompt in two) is absorbed eagerly. Prompts one at a time, or several chunks in one step (with tinyqwen35,
+    """Two chained MTP layers (tinyds: MLA and routed experts; tinyqwen35: a hybrid's) run over a prompt's chunks
+    as captured, replayed after the forward, a later chunk too (a step's budget of 16 tokens splits a 30-token
+    prompt in two). Prompts one at a time, or several chunks in one step (with tinyqwen35,
     one of 40 tokens): the tokens and the acceptance at each draft position equal those of an engine that
     absorbs every chunk eagerly."""
     kw = dict(
@@ -316,6 +322,6 @@ def test_mtp_layers_absorb_inside_the_captured_prefill(target, together):
             o.spec_metrics.accepted_per_position for o in want
         ]
     replayed = sum(call.replays for call in graphs.absorbs.values())
-    assert (replayed, eager_absorbs) == ((1, []) if together else (4, [[14]]))
+    assert (replayed, eager_absorbs) == ((1, []) if together else (5, []))
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by

@@ -30,13 +30,15 @@ rewrites rows from its first pending row on). ``update`` keeps the last min(coun
 appends the verify's committed rows; a held zero-draft step (``hold``: no forward) appends its one
 committed row to all the pending rows, so the next draft runs every layer over them as the skipped
 drafts would have (each layer's row t once token t + k + 1 is committed: the KV it would have ended
-with); ``absorb`` extends every layer over a prompt's rows but the last max(K, 1), which it leaves
-pending (the last row predicts draft 1, whether decoding follows a completed prompt or a recomputed
-one that stops a token short), taking the previous chunk's pending rows with it (prefill chunks
-precede decoding: none of them finds held rows). A single layer (K = 0) runs its pending row too: it reads
-only the token after it, which the prefill knows (the prompt's next, or the one sampled or recomputed), so its
-KV is final there, the next chunk needs nothing re-run and its absorb may be captured
-(``absorbs_chunks_apart``), and the next draft rewrites that row's KV as it was.
+with); ``absorb`` extends every layer over a prompt's chunk and leaves its last max(K, 1) rows pending
+(the last row predicts draft 1, whether decoding follows a completed prompt or a recomputed one that
+stops a token short). Layer k's row t reads token t + k + 1: where the request holds every token its
+layers read past the chunk (a chunk followed by more than K of its tokens; a single layer, K = 0,
+always, the chunk's last next token being the prompt's next or the one sampled or recomputed), the
+chunk runs whole: its pending rows too, whose KV is then final (the next draft rewrites it as it was),
+so the next chunk re-runs nothing. Otherwise (a chunk followed by at most K tokens: the final one, or
+one just before it) the pending rows are left unrun, and the next chunk, if any, takes them with it
+and runs eagerly (``absorbs_captured``; prefill chunks precede decoding: none finds held rows).
 """
 
 from __future__ import annotations
@@ -109,12 +111,6 @@ class MTPProposer(Proposer):
         return max(self.spec.num_steps, self.pending.width - 2)
 
     @property
-    def absorbs_chunks_apart(self) -> bool:
-        """A single layer's chunk leaves nothing to re-run (module docstring); a chain's layer k reads k tokens
-        further, past its chunk, so a later chunk starts from the rows the previous one left pending."""
-        return len(self.layers) == 1
-
-    @property
     def unsettled_rows(self) -> int:
         return self.pending.width  # the pending window, re-run by the next draft
 
@@ -168,47 +164,67 @@ class MTPProposer(Proposer):
         return prefill.hidden_states[prefill.rows]  # [total, hidden]
 
     def absorb_layers(self, meta, token_ids, next_ids, rows) -> None:
-        n = rows.shape[0]
+        size = next_ids.shape[1] - self.absorb_reach  # P: a chunk's rows
         self._run_layers(
-            meta, meta.token_positions, lambda k: next_ids[k : k + n], self._target_state(rows)
+            meta,
+            meta.token_positions,
+            lambda k: next_ids[:, k : k + size].flatten(),  # [K * P]
+            self._target_state(rows),
         )
 
     def absorb_state(self, prefill: PrefillRows) -> None:
         self._settle(prefill)
 
+    def absorbs_captured(self, prefill: PrefillRows) -> bool:
+        return not any(self._takes_pending(prefill))
+
+    def _takes_pending(self, prefill: PrefillRows) -> list[bool]:
+        """Per chunk: whether it follows a chunk of its request that left rows unrun (module docstring): one
+        followed by fewer than K tokens the request holds."""
+        k = self.absorb_reach
+        return [
+            start > len(reused) and start + k > n - 1
+            for start, reused, n in zip(
+                prefill.starts, prefill.reused_token_ids, prefill.num_tokens
+            )
+        ]
+
     def _settle(self, prefill: PrefillRows):
-        """``absorb`` but the layers' forward: each chunk's last rows (with those a previous chunk of a chain left
-        pending before them) become its pending window. Returns None when no layer runs, else (the chunks with rows to
-        run, each chunk's first row, its rows to run, its (target states [rows, hidden], next tokens [rows]))."""
+        """``absorb`` but the layers' forward: each chunk's last rows (after those a previous chunk left unrun)
+        become its pending window. Returns None when no layer runs, else (the chunks with rows to run, each
+        chunk's first row, its rows to run, its (target states [rows, hidden], next tokens [rows + K]))."""
         hidden = self._target_state(prefill.hidden_states[prefill.rows])  # [total, hidden]
         offsets = [0] + torch.tensor(prefill.counts).cumsum(0).tolist()
-        pending = self.pending
-        # a later chunk of a chain: the previous one's pending rows come first (rows reused from the prefix cache
-        # are final, and so are a single layer's: module docstring)
-        later = [
-            start > len(reused) and not self.absorbs_chunks_apart
-            for start, reused in zip(prefill.starts, prefill.reused_token_ids)
-        ]
+        pending, reach = self.pending, self.absorb_reach
+        takes = self._takes_pending(prefill)
         counts = (
             pending.count[torch.tensor(prefill.req_indices, device=self.device)].tolist()
-            if any(later)
-            else [0] * len(later)
-        )  # (a read of the device: only for later chunks of a chain)
+            if any(takes)
+            else [0] * len(takes)
+        )  # (a read of the device: only after a chunk that left rows unrun)
         # per chunk: its rows (pending ones first), the first, those run
         seqs, firsts, runs = [], [], []
-        for i, (s, start) in enumerate(zip(prefill.req_indices, prefill.starts)):
-            held = counts[i] if later[i] else 0
+        chunks = zip(prefill.req_indices, prefill.starts, prefill.counts, prefill.num_tokens)
+        for i, (s, start, count, n) in enumerate(chunks):
+            held = counts[i] if takes[i] else 0
             h = torch.cat([pending.hidden[s, :held], hidden[offsets[i] : offsets[i + 1]]])
             t = torch.cat(
-                [pending.tokens[s, :held], prefill.next_token_ids[offsets[i] : offsets[i + 1]]]
+                [
+                    pending.tokens[s, :held],
+                    prefill.next_token_ids[offsets[i] : offsets[i + 1]],
+                    prefill.ahead_token_ids[i],
+                ]
             )
             keep = min(max(self.keep, 1), h.shape[0])
             pend = h.shape[0] - keep  # the first row left pending
-            seqs.append((h, t))  # [rows, hidden], [rows]
+            # the last token the host knows: past the prompt, the one just sampled
+            known = max(n - 1, start + count)
+            whole = start + count + reach <= known  # every token the chunk's layers read is known
+            seqs.append((h, t))  # [rows, hidden], [rows + K]
             firsts.append(start - held)
-            runs.append(h.shape[0] if self.absorbs_chunks_apart else pend)
+            runs.append(h.shape[0] if whole else pend)
             pending.hidden[s, :keep] = h[pend:]
-            pending.tokens[s, :keep] = t[pend:]
+            pending.tokens[s, :keep] = t[pend : pend + keep]
             pending.start[s] = start - held + pend
             pending.count[s] = keep
         take = [i for i, m in enumerate(runs) if m > 0]
