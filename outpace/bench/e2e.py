@@ -302,7 +302,7 @@ def run_e2e_bench(
     )  # batch -> the widened target's own greedy tokens
     for name in tqdm(methods or list(specs), desc="e2e methods"):
         llm = target_llm(models, family, specs[name], tiny, **engine)
-        # each sampling mode's step costs as start-up profiled them on padding rows (engine/runner.py ``profile``)
+        # each sampling mode's step costs as start-up profiled them over idle rows (engine/runner.py ``profile``)
         profiled = {mode: dict(c.costs) for mode, c in llm.engine.choosers.items()}
         for b in batches:
             _run(
