@@ -7,7 +7,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=.
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout 300 python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods none mtp \
+timeout 220 python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods none mtp \
   --out $OUT/e2e_deepseek --workdir /tmp/e2e_deepseek > $OUT/e2e_deepseek.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_deepseek.log
 sed -i -E 's/\r/\n/g' $OUT/*.log
