@@ -120,12 +120,9 @@ class Eagle3Proposer(Proposer):
         return prefill.aux_hidden_states[prefill.rows]  # [total, num_aux * target hidden]
 
     def absorb_layers(self, meta, token_ids, next_ids, rows) -> None:
-        with forward_context(
-            meta, self.backend
-        ):  # (no reach: next_ids [K, P], a row's next token each)
-            self.draft_model(
-                next_ids.flatten(), meta.token_positions, self.draft_model.fuse_aux(rows)
-            )
+        next_ids = next_ids.flatten()  # [K * P] (no reach: each row's next token alone)
+        with forward_context(meta, self.backend):
+            self.draft_model(next_ids, meta.token_positions, self.draft_model.fuse_aux(rows))
 
     def absorb_state(self, prefill: PrefillRows) -> None:
         aux = prefill.aux_hidden_states[prefill.rows]  # [total, num_aux * target hidden]

@@ -180,7 +180,7 @@ class MTPProposer(Proposer):
 
     def _takes_pending(self, prefill: PrefillRows) -> list[bool]:
         """Per chunk: whether it follows a chunk of its request that left rows unrun (module docstring): one
-        followed by fewer than K tokens the request holds."""
+        followed by at most K tokens that the request holds."""
         k = self.absorb_reach
         return [
             start > len(reused) and start + k > n - 1
