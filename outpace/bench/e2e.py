@@ -44,8 +44,9 @@ from outpace.bench.widen_gemma import GEMMA_TINY, GEMMA_TINY_DRAFT, widen_gemma_
 from outpace.bench.widen_hybrid import QWEN35_TINY, QWEN35_TINY_DRAFT, widen_hybrid_zoo
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import bucket_for
-from outpace.engine.step_key import SamplingMode
+from outpace.engine.step_key import SamplingMode, StepKey
 from outpace.speculative.metrics import SpecMetrics
+from outpace.speculative.proposer import DraftShape
 from outpace.zoo import zoo_dir
 
 BATCHES, TEMPERATURES = (1, 8, 32), (0.0, 0.8)
@@ -347,6 +348,12 @@ def run_e2e_bench(
                         },
                     }
                     row["wall_ms_per_step"] = 1e3 * seconds / max(1, spec.num_verifies / counts[b])
+                elif (
+                    name == "none"
+                ):  # plain decoding's step, profiled as the drafters' (their "none": held)
+                    bucket = bucket_for(llm.engine.runner.graph_buckets, b) or b  # (none: eager)
+                    key = StepKey(bucket, DraftShape(0), mode)
+                    row["profiled_step_ms"] = 1e3 * llm.engine.runner.profile(key)
                 if t == 0:
                     tokens = [o.token_ids for o in outs]
                     row["match_zoo_greedy"] = _match(outs, result["zoo_greedy"][str(b)])

@@ -182,18 +182,16 @@ class ModelRunner:
         ]
 
     def profile(self, key: StepKey, repeats: int = 5) -> float:
-        """Seconds one replay of the key's graph takes on the GPU, over idle rows that each forward a token of
-        their own (``probe_replays``)."""
+        """Seconds one run of the key's step takes (its graph where captured; on CUDA the GPU's time, elsewhere
+        the wall time: ``StepTimer``), over idle rows that each forward a token of their own
+        (``probe_replays``): the median of ``repeats`` runs after a first."""
         times = []
         with self.probe_replays(key) as replay:
             for _ in range(repeats + 1):
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
-                start.record()
+                timer = StepTimer(self.device)
                 replay()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
+                timer.stop()
+                times.append(timer.seconds())
         return sorted(times[1:])[repeats // 2]
 
     @contextmanager

@@ -191,6 +191,8 @@ def test_e2e_tiny_end_to_end(tmp_path):
     }
     greedy = [r for r in result["rows"] if r["temperature"] == 0]
     assert all(r["match_zoo_greedy"] == 1.0 and r["match_plain_greedy"] == 1.0 for r in greedy)
+    # plain decoding's step profiled as the drafters' start-up profiles theirs (the CPU: wall time)
+    assert all(r["profiled_step_ms"] > 0 for r in result["rows"] if r["method"] == "none")
     for r in (r for r in result["rows"] if r["method"] == "mtp"):
         by_drafts = r["verifies_by_num_drafts"]  # verifies with 0, 1, .. drafts
         steps = E2E_FAMILIES["qwen35"].mtp_steps  # past tinyqwen35's 2 layers the last goes on
