@@ -7,8 +7,9 @@ previous pre-norm output.
 
 State per row: the rows the target committed since the draft last ran ("pending",
 speculative/proposer.py ``PendingRows``: at most ``num_steps + 1`` after a verify, one more for each
-zero-draft step held since, adaptive drafting holding up to ``HOLD_ROWS`` more), each with its fused
-target state and the token after it. Let L be a request's length (its last token sits at position L).
+zero-draft step held since, adaptive drafting holding up to ``HOLD_ROWS`` more), each with the target's
+aux states and the token after it. ``fc`` fuses them in the draft-extend, over the whole window at once:
+a held step runs no part of the draft, and ``fc``'s weight is read once a forward, not once a step. Let L be a request's length (its last token sits at position L).
 ``draft`` first runs the draft-extend over the window, pending rows L - count .. L - 1 and padding (the
 padding rows past L - 1, up to L + width - 2, write KV that nothing reads: the extend is causal, each
 draft step writes its own row before reading it, and the next extend rewrites rows from L on); the last
@@ -73,10 +74,15 @@ class Eagle3Proposer(Proposer):
         )
         self.verify_rows = spec.num_steps + 1  # a verify commits at most this many rows
         held = HOLD_ROWS if spec.adaptive else 0  # only adaptive drafting has zero-draft steps
-        hidden = self.draft_model.config.layer.hidden_size
+        cfg = self.draft_model.config
         self.pending = PendingRows(
-            max_requests + 1, self.verify_rows + held, hidden, dtype, self.device, self.verify_rows
-        )  # fused states
+            max_requests + 1,
+            self.verify_rows + held,
+            cfg.num_aux * cfg.target_hidden_size,
+            dtype,
+            self.device,
+            self.verify_rows,
+        )  # the target's aux states, concatenated (fused in ``_extend``)
         self.hold_window = self.pending.width if held else 0
         self.narrow_window = self.verify_rows if held else 0
 
@@ -102,19 +108,20 @@ class Eagle3Proposer(Proposer):
     captures_absorb = True
 
     def absorb(self, prefill: PrefillRows) -> None:
-        fused = self.draft_model.fuse_aux(
-            prefill.aux_hidden_states[prefill.rows]
-        )  # [total, hidden]
+        aux = self.absorb_rows(prefill)
         keep = [1 if f else 0 for f in prefill.final]  # a completed prompt's last row stays pending
         ext = prefill_extension(prefill, keep, self.pool.block_size)
         if ext is not None:
             with ext.context(self.backend):
-                self.draft_model(prefill.next_token_ids[ext.rows], ext.positions, fused[ext.rows])
-        self._hold_last_rows(prefill, lambda last: fused[last])
+                self.draft_model(
+                    prefill.next_token_ids[ext.rows],
+                    ext.positions,
+                    self.draft_model.fuse_aux(aux[ext.rows]),
+                )
+        self._hold_last_rows(prefill, aux)
 
     def absorb_buffer(self, rows: int) -> torch.Tensor:
-        cfg = self.draft_model.config  # the target's aux states, concatenated
-        return self.pending.hidden.new_zeros(rows, cfg.num_aux * cfg.target_hidden_size)
+        return self.pending.hidden.new_zeros(rows, self.pending.hidden.shape[-1])
 
     def absorb_rows(self, prefill: PrefillRows) -> torch.Tensor:
         return prefill.aux_hidden_states[prefill.rows]  # [total, num_aux * target hidden]
@@ -125,18 +132,17 @@ class Eagle3Proposer(Proposer):
             self.draft_model(next_ids, meta.token_positions, self.draft_model.fuse_aux(rows))
 
     def absorb_state(self, prefill: PrefillRows) -> None:
-        aux = prefill.aux_hidden_states[prefill.rows]  # [total, num_aux * target hidden]
-        self._hold_last_rows(prefill, lambda last: self.draft_model.fuse_aux(aux[last]))
+        self._hold_last_rows(prefill, self.absorb_rows(prefill))
 
-    def _hold_last_rows(self, prefill: PrefillRows, fused_at) -> None:
-        """Each completed prompt's last row becomes its pending row: its fused state (``fused_at(rows)``
-        [len(rows), hidden] for rows [len(rows)] of the prefill's) and the sampled token after it."""
+    def _hold_last_rows(self, prefill: PrefillRows, aux: torch.Tensor) -> None:
+        """Each completed prompt's last row becomes its pending row: its aux states (its row of ``aux``
+        [total, num_aux * target hidden], the prefill's rows) and the sampled token after it."""
         ends = torch.tensor(prefill.counts).cumsum(0) - 1
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:
             indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
             last = ends[done].to(self.device)
-            self.pending.hidden[indices, 0] = fused_at(last)
+            self.pending.hidden[indices, 0] = aux[last]
             self.pending.tokens[indices, 0] = prefill.next_token_ids[last]
             self.pending.start[indices] = torch.tensor(
                 [prefill.starts[i] + prefill.counts[i] - 1 for i in done], device=self.device
@@ -146,16 +152,19 @@ class Eagle3Proposer(Proposer):
     def update(self, verified: Verified) -> None:
         rows, b, n = verified.rows, verified.rows.size, self.verify_rows
         committed = verified.committed_rows(n).reshape(-1)  # [b * n]
-        fused = self.draft_model.fuse_aux(verified.aux_hidden_states.index_select(0, committed))
-        self.pending.hidden[rows.req_indices, :n] = fused.view(b, n, -1)
+        aux = verified.aux_hidden_states.index_select(
+            0, committed
+        )  # [b * n, num_aux * target hidden]
+        self.pending.hidden[rows.req_indices, :n] = aux.view(b, n, -1)
         self.pending.tokens[rows.req_indices, :n] = verified.next_tokens(n)
         self.pending.start[rows.req_indices] = rows.lengths
         self.pending.count[rows.req_indices] = verified.result.num_correct_drafts + 1
 
     def hold(self, verified: Verified) -> None:
         # a zero-draft step's forward is node 0 alone, its one committed row, followed by the bonus token
-        fused = self.draft_model.fuse_aux(verified.aux_hidden_states)  # [b, hidden]
-        self.pending.append(verified.rows.req_indices, fused, verified.result.bonus_token_ids)
+        self.pending.append(
+            verified.rows.req_indices, verified.aux_hidden_states, verified.result.bonus_token_ids
+        )
 
     # ---- drafting ------------------------------------------------------------------------------
     def _extend(self, rows: DecodeRows) -> torch.Tensor:
@@ -170,7 +179,7 @@ class Eagle3Proposer(Proposer):
             out = self.draft_model(
                 pending.tokens[rows.req_indices, :w].reshape(-1),
                 ctx.metadata.token_positions,
-                pending.hidden[rows.req_indices, :w].reshape(b * w, -1),
+                self.draft_model.fuse_aux(pending.hidden[rows.req_indices, :w].reshape(b * w, -1)),
             )
         return out.view(b, w, -1)[torch.arange(b, device=out.device), count - 1]
 
