@@ -7,6 +7,8 @@ eager torch form's result to the bit:
   positions, which rows are pending, and the flat index of its last pending row (the torch form: eleven launches or so).
 - ``layer_tokens``: the tokens MTP layer k reads over a window, token t + k + 1 of [pending, drafts] (the torch
   form: nine launches a layer).
+- ``append``: a held step's committed row after each row's pending ones (the torch form: seven launches, on
+  every held step of EAGLE3 and MTP).
 
 The update's form is a chain of some
 twenty small torch kernels (gathers, wheres, index copies): on the H200 an MTP step of the widened Qwen3.5 spent
@@ -286,3 +288,54 @@ def layer_tokens(
         BLOCK_W=triton.next_power_of_2(width),
     )
     return out
+
+
+@triton.jit
+def _append_kernel(
+    hidden_ptr,  # [indices, W, H] the windows' states
+    tokens_ptr,  # [indices, W] int64 the token after each
+    count_ptr,  # [indices] int64, read and written
+    req_ptr,  # [b] int64 each batch row's index
+    state_ptr,  # [b, H] the row each appends
+    after_ptr,  # [b] int64 the token after it
+    H,
+    W: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    i = tl.program_id(0)
+    r = tl.load(req_ptr + i).to(tl.int64)
+    count = tl.load(count_ptr + r)
+    column = tl.minimum(count, W - 1)  # (the padding row, which padded rows share, may count W)
+    dst = hidden_ptr + (r * W + column) * H
+    src = state_ptr + i.to(tl.int64) * H
+    # one program walks its row's states (the row is one column of one window)
+    for c0 in range(0, H, BLOCK_H):
+        c = c0 + tl.arange(0, BLOCK_H)
+        tl.store(dst + c, tl.load(src + c, mask=c < H).to(hidden_ptr.dtype.element_ty), mask=c < H)
+    tl.store(tokens_ptr + r * W + column, tl.load(after_ptr + i))
+    tl.store(count_ptr + r, tl.minimum(count + 1, W))
+
+
+def append(
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    count: torch.Tensor,
+    req_indices: torch.Tensor,
+    state: torch.Tensor,
+    after: torch.Tensor,
+) -> None:
+    """``PendingRows.append`` on its tensors (hidden [indices, W, H], tokens [indices, W], count [indices];
+    req_indices and after [b], state [b, H] contiguous), in one launch."""
+    b, (_, width, size) = req_indices.shape[0], hidden.shape
+    assert hidden.is_contiguous() and state.is_contiguous() and state.shape == (b, size)
+    _append_kernel[(b,)](
+        hidden,
+        tokens,
+        count,
+        req_indices,
+        state,
+        after,
+        size,
+        W=width,
+        BLOCK_H=min(1024, triton.next_power_of_2(size)),
+    )

@@ -359,7 +359,13 @@ class PendingRows:
     def append(self, req_indices: torch.Tensor, hidden: torch.Tensor, tokens: torch.Tensor) -> None:
         """A held step: each row's committed row (``hidden`` [b, hidden], the token after it ``tokens`` [b])
         after its pending ones. The host keeps every request's count within the width (``HoldRule``); the
-        clamps only keep the padding row, which every padded row of a batch appends to, in bounds."""
+        clamps only keep the padding row, which every padded row of a batch appends to, in bounds. On the GPU
+        one Triton launch (speculative/pending_window_kernel.py)."""
+        if self.hidden.is_cuda:
+            from outpace.speculative.pending_window_kernel import append
+
+            append(self.hidden, self.tokens, self.count, req_indices, hidden.contiguous(), tokens)
+            return
         count = self.count[req_indices]  # [b]
         column = count.clamp(max=self.width - 1)
         self.hidden[req_indices, column] = hidden

@@ -156,3 +156,23 @@ def test_a_draft_s_window_and_layer_tokens_are_the_torch_form_s(width, narrow, h
                 want.tokens.to(DEVICE), want.count.to(DEVICE), stacked.to(DEVICE), k
             )
             assert torch.equal(expected, tokens.cpu()), (k, d)
+
+
+@pytest.mark.parametrize("width, hidden", [(12, 96), (13, 300), (4, 2500)])
+def test_a_held_row_is_appended_as_the_torch_form_appends_it(width, hidden):
+    """``PendingRows.append`` by the kernel (one program a row, walking its states in blocks: 2500 takes three)
+    equals the torch form for windows that hold one row, several, and all but one of their columns."""
+    from outpace.speculative.pending_window_kernel import append
+
+    g = torch.Generator().manual_seed(width * hidden)
+    pending = _windows(7, width, hidden, g)
+    pending.count[4], pending.count[0], pending.count[2] = 1, width - 1, 3
+    req_indices = torch.tensor([4, 0, 2, 6])  # index 6: the padding row, once
+    state = torch.randn(4, hidden, generator=g).to(torch.bfloat16)
+    after = torch.randint(0, 1000, (4,), generator=g)
+    got = _on(DEVICE, pending)
+    pending.append(req_indices, state, after)  # the torch form (CPU tensors)
+    append(got[0], got[1], got[3], req_indices.to(DEVICE), state.to(DEVICE), after.to(DEVICE))
+    for name, want, have in zip(("hidden", "tokens", "start", "count"), pending.tensors(), got):
+        assert torch.equal(want, have.cpu()), name
+    assert torch.equal(pending.hidden[0, width - 1], state[1]) and pending.count[0] == width

@@ -1,7 +1,7 @@
 """The speculative step's bookkeeping kernels compiled for an H100 / H200 (sm_90) without a GPU, in a process of
 its own (tests/helpers/hopper_compile.py), as their launch code launches them: greedy chain verification's
 result (speculative/tree_kernels.py ``greedy_chain``) and the MTP windows' update, gathering and layer tokens
-(speculative/pending_window_kernel.py, at the widened Qwen3.5's window: 12 rows of 4096). Triton's interpreter, which runs their other
+and a held step's append (speculative/pending_window_kernel.py, at the widened Qwen3.5's window: 12 rows of 4096). Triton's interpreter, which runs their other
 tests on a CPU, checks neither that they compile nor that they keep their registers (ptxas -v)."""
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ for columns in (12, 4):  # the whole windows and the narrow ones
 for drafts in (0, 2):
     check(pw, "_layer_tokens_kernel", lambda: pw.layer_tokens(
         torch.zeros(8, 12, **i64), torch.ones(8, **i64), torch.zeros(8, drafts, **i64), 1))
+for size in (4096, 3 * 4096):  # MTP's held row (the target's state), EAGLE3's (its three aux states)
+    check(pw, "_append_kernel", lambda: pw.append(
+        torch.zeros(9, 14, size, dtype=torch.bfloat16), torch.zeros(9, 14, **i64), torch.ones(9, **i64),
+        torch.arange(8), torch.zeros(8, size, dtype=torch.bfloat16), torch.zeros(8, **i64)))
 """
 
 
@@ -43,5 +47,5 @@ def test_spec_bookkeeping_kernels_compile_for_sm90(tmp_path):
     done = run_compile_script(SM90_COMPILE, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     names = ["_greedy_chain_kernel"] * 2 + ["_take_verified_kernel"] + ["_window_kernel"] * 2
-    names += ["_layer_tokens_kernel"] * 2
+    names += ["_layer_tokens_kernel"] * 2 + ["_append_kernel"] * 2
     assert done.stdout.split() == [w for n in names for w in (n, "True")]
