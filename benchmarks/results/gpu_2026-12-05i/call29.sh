@@ -2,7 +2,8 @@
 # Device call 29: gpu_2026-12-05h's call 28 (the widened DeepSeek at batch 1, plain against MTP, profiled over
 # idle rows), then Qwen3.5's EAGLE3 at batch 32 (issue 43 item 7: 0.99x steady, 0.97x closed at temperature 0.8
 # in gpu_2026-12-05h call 27), before (.snap_a: the package at bcae089, EAGLE3's held step running fc) and after
-# (this commit: the pending windows keep the aux states, fc runs in the draft-extend). The `none` rows'
+# (this commit: the pending windows keep the aux states, fc runs in the draft-extend; a held row's append is one
+# launch). The `none` rows'
 # profiled_step_ms (plain decoding's step) beside the EAGLE3 rows' chooser.profiled_step_ms["none"] (its held
 # step) says what holding costs over plain decoding.
 set -u
