@@ -10,7 +10,12 @@ set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
-PYTHONPATH=. timeout 220 python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods none mtp \
+# the held rows' append kernel against the torch form; held and narrow EAGLE3 / MTP steps captured, lossless
+PYTHONPATH=. timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 tests/speculative/test_pending_window.py \
+  tests/speculative/test_zero_draft_hold.py tests/gpu/test_gpu.py -k "pending or hold or eagle3" > $OUT/pytest.log 2>&1
+echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
+tail -n 3 $OUT/pytest.log
+PYTHONPATH=. timeout 210 python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods none mtp \
   --out $OUT/e2e_deepseek --workdir /tmp/e2e_deepseek > $OUT/e2e_deepseek.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_deepseek.log
 rm -rf /tmp/e2e_deepseek
