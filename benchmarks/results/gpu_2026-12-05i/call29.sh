@@ -1,34 +1,39 @@
 #!/usr/bin/env bash
-# Device call 29: Qwen3.5's EAGLE3 at batch 32 (issue 43 item 7: 0.99x steady, 0.97x closed at temperature 0.8
-# in gpu_2026-12-05h call 27), before (.snap_a: the package at bcae089, EAGLE3's held step running fc) and after
-# (this commit: the pending windows keep the aux states, fc runs in the draft-extend; a held row's append is one
-# launch). The `none` rows'
-# profiled_step_ms (plain decoding's step) beside the EAGLE3 rows' chooser.profiled_step_ms["none"] (its held
-# step) says what holding costs over plain decoding. Then gpu_2026-12-05h's call 28 in the time left: the widened
-# DeepSeek at batch 1, plain against MTP, profiled over idle rows.
+# Device call 29 (issue 43 item 7): Qwen3.5's EAGLE3 at batch 32, temperature 0.8 (0.99x steady, 0.97x closed in
+# gpu_2026-12-05h call 27, one closed batch each), before (.snap_a: the package at bcae089, a held step running
+# fc and seven launches to append its row) and after (this commit: the pending windows keep the target's aux
+# states, fc fuses them in the draft-extend; the append is one launch). Closed batches repeated five times,
+# interleaved with plain decoding (closed_batch_rounds.py: medians), then bench e2e after, whose `none` rows'
+# profiled_step_ms (plain decoding's step) sits beside the EAGLE3 rows' chooser.profiled_step_ms["none"] (the
+# held step). Then, if 200 s are left, gpu_2026-12-05h's call 28: the widened DeepSeek at batch 1, plain
+# against MTP, profiled over idle rows.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 # the held rows' append kernel against the torch form; held and narrow EAGLE3 / MTP steps captured, lossless
-PYTHONPATH=. timeout 120 python3 -m pytest -q -p no:cacheprovider -n 4 tests/speculative/test_pending_window.py \
+PYTHONPATH=. timeout 100 python3 -m pytest -q -p no:cacheprovider -n 4 tests/speculative/test_pending_window.py \
   tests/speculative/test_zero_draft_hold.py tests/gpu/test_gpu.py -k "pending or hold or eagle3" > $OUT/pytest.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
 tail -n 3 $OUT/pytest.log
-PYTHONPATH=.snap_a timeout 170 python3 -m outpace bench e2e --family qwen35 --batch-sizes 32 --methods none eagle3 \
-  --out $OUT/e2e_qwen35_before --workdir /tmp/e2e_qwen35 > $OUT/e2e_qwen35_before.log 2>&1
-echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_qwen35_before.log
-mkdir -p $OUT/e2e_qwen35_after && cp $OUT/e2e_qwen35_before/*.json $OUT/e2e_qwen35_after/  # its none rows
-PYTHONPATH=. timeout 150 python3 -m outpace bench e2e --family qwen35 --batch-sizes 32 \
-  --methods eagle3 --out $OUT/e2e_qwen35_after --workdir /tmp/e2e_qwen35 > $OUT/e2e_qwen35_after.log 2>&1
-echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_qwen35_after.log
+rounds="benchmarks/scripts/closed_batch_rounds.py --family qwen35 --methods eagle3 --batches 32 --temperatures 0.8
+  --rounds 5 --max-tokens 64 --workdir /tmp/e2e_qwen35"
+PYTHONPATH=.snap_a timeout 150 python3 $rounds --out $OUT/rounds_before.json > $OUT/rounds_before.log 2>&1
+echo "rc=$? after ${SECONDS}s" >> $OUT/rounds_before.log
+PYTHONPATH=. timeout 130 python3 $rounds --out $OUT/rounds_after.json > $OUT/rounds_after.log 2>&1
+echo "rc=$? after ${SECONDS}s" >> $OUT/rounds_after.log
+PYTHONPATH=. timeout 120 python3 -m outpace bench e2e --family qwen35 --batch-sizes 32 --methods none eagle3 \
+  --out $OUT/e2e_qwen35 --workdir /tmp/e2e_qwen35 > $OUT/e2e_qwen35.log 2>&1
+echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_qwen35.log
 rm -rf /tmp/e2e_qwen35
-PYTHONPATH=. timeout $(( 590 - SECONDS )) python3 -m outpace bench e2e --family deepseek --batch-sizes 1 --methods none mtp \
-  --out $OUT/e2e_deepseek --workdir /tmp/e2e_deepseek > $OUT/e2e_deepseek.log 2>&1
-echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_deepseek.log
-rm -rf /tmp/e2e_deepseek
+if (( SECONDS < 385 )); then
+  PYTHONPATH=. timeout $(( 590 - SECONDS )) python3 -m outpace bench e2e --family deepseek --batch-sizes 1 \
+    --methods none mtp --out $OUT/e2e_deepseek --workdir /tmp/e2e_deepseek > $OUT/e2e_deepseek.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_deepseek.log
+fi
 sed -i -E 's/\r/\n/g' $OUT/*.log
 sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/*.log
+for log in $OUT/rounds_*.log; do echo "== $log"; tail -n 6 $log; done
 for log in $OUT/e2e_*.log; do echo "== $log"; grep -E -A6 "^method|rc=" $log | tail -n 8; done
 python3 - <<'PY'
 import glob, json, os
