@@ -1,0 +1,112 @@
+"""The adaptive chooser (speculative/adaptive.py) in simulated closed batches of 32 requests, no model: requests
+whose first-draft rates differ (drawn around the mean with ``--spreads``, the later depths' rates shared),
+``--tokens`` each, at the step costs and rates bench e2e measured for Qwen3.5's EAGLE3 at batch 32
+(benchmarks/results/gpu_2026-12-05h call 27: temperature 0.8, and 0 with ``--greedy``). As bench e2e does, a
+closed batch of 4 tokens and one of ``--tokens`` warm the chooser up; the third is timed. Prints, per spread,
+the mean modelled milliseconds of the timed batch for the chooser and for each fixed draft count, and the
+chooser's drafting steps.
+
+2026-12-06, at 1f0f20c, 200 runs: at temperature 0.8 holding throughout takes 514.6 ms; the chooser 514.6 / 522.6
+/ 524.8 / 524.5 at spreads 0 / 0.1 / 0.2 / 0.3, drafting in 12.6 / 9.3 / 4.9 / 4.0 of its steps (bench e2e
+measured 5 drafting steps and 0.97x plain decoding's closed batch). Held steps leave every request one token
+further, all tied, and one drafting step then shortens the batch only if every request accepts its draft: a
+drafting step between held ones costs its extra time for nothing. With one rate for all (spread 0) a draft a
+step throughout would take 480.4. Greedy, the chooser stays within 1% of the best fixed draft count at spreads 0
+and 0.1 (288.0 against 291.0; 315.8 against 320.9). Tried and not taken: the quantile with each request's mean
+also uncertain by the spread of the last 64 finished requests' first-draft rates (sample variance less the
+binomial noise) in ``_steps_to_finish``'s shared-rate case: 517.6 / 520.3 / 520.6 / 520.6 at temperature 0.8
+(at most 0.8% gained, 0.6% lost at spread 0), but greedy 318.9 (+1.0%), 413.5 (+4.4%) and 501.7 (+2.6%) at
+spreads 0.1 to 0.3.
+
+    PYTHONPATH=. python benchmarks/scripts/closed_batch_spread.py [--greedy] [--runs 200] [--tokens 64]
+        [--spreads 0 0.1 0.2 0.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+
+from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
+from outpace.speculative.proposer import DraftShape
+
+# ms a step at batch 32 for 0 .. 4 drafts, and the chooser's rates a_1 .. a_4 after the row
+SAMPLED = ((8.04, 10.57, 12.56, 13.95, 15.75), (0.56, 0.43, 0.72, 0.85))
+GREEDY = ((7.85, 9.84, 11.88, 11.98, 14.25), (0.83, 0.87, 0.92, 0.89))
+BATCH = 32
+
+
+def closed_batch(chooser, rng, rates, tokens: int, costs, fixed: int | None) -> tuple[float, int]:
+    """(modelled ms, drafting steps) of one closed batch of requests at ``rates`` (one row each)."""
+    ids = [f"{rng.random()}" for _ in rates]
+    left = dict(zip(ids, [tokens] * len(ids)))
+    of = dict(zip(ids, rates))
+    ms, drafting = 0.0, 0
+    while left:
+        live = list(left)
+        shape = (
+            chooser.choose(BATCH, live, [left[r] for r in live])
+            if fixed is None
+            else DraftShape(fixed)
+        )
+        ms += costs[shape.num_steps]
+        drafting += shape.num_steps > 0
+        accepted = []
+        for r in live:
+            a = 0
+            while a < shape.num_steps and rng.random() < of[r][a]:
+                a += 1
+            accepted.append(a)
+            left[r] -= a + 1
+        chooser.observe(shape, accepted, live)
+        for r in live:
+            if left[r] <= 0:
+                del left[r]
+                chooser.forget(r)
+    return ms, drafting
+
+
+def run(seed: int, spread: float, tokens: int, costs, mean_rates, fixed: int | None):
+    rng = random.Random(seed)
+    chooser = DraftLengthChooser(
+        [DraftShape(k) for k in range(len(costs))], probe_budget=PROBE_BUDGET
+    )
+    for k, cost in enumerate(costs):
+        chooser.record_cost(BATCH, DraftShape(k), cost / 1e3)
+
+    def rates():
+        first = [min(0.95, max(0.05, rng.gauss(mean_rates[0], spread))) for _ in range(BATCH)]
+        return [(a,) + mean_rates[1:] for a in first]
+
+    closed_batch(chooser, rng, rates(), 4, costs, fixed)  # bench e2e's warm-ups
+    closed_batch(chooser, rng, rates(), tokens, costs, fixed)
+    return closed_batch(chooser, rng, rates(), tokens, costs, fixed)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--greedy", action="store_true")
+    p.add_argument("--runs", type=int, default=200)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
+    a = p.parse_args()
+    costs, mean_rates = GREEDY if a.greedy else SAMPLED
+    policies = [None] + list(range(len(costs)))
+    print(
+        f"{'spread':>6} "
+        + " ".join(f"{'chooser' if k is None else f'{k} drafts':>9}" for k in policies)
+        + "  drafting steps"
+    )
+    for spread in a.spreads:
+        cells, drafting = [], 0.0
+        for fixed in policies:
+            runs = [run(s, spread, a.tokens, costs, mean_rates, fixed) for s in range(a.runs)]
+            cells.append(statistics.mean(r[0] for r in runs))
+            if fixed is None:
+                drafting = statistics.mean(r[1] for r in runs)
+        print(f"{spread:>6} " + " ".join(f"{c:>9.1f}" for c in cells) + f"  {drafting:.1f}")
+
+
+if __name__ == "__main__":
+    main()
