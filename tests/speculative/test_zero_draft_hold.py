@@ -42,8 +42,12 @@ class Recorder:
         self.forwards, self.steps, self.drafts = 0, [], []
         for chooser in llm.engine.choosers.values():
             chooser.choose = self._choose
-        modules = [proposer.draft_model] if hasattr(proposer, "draft_model") else proposer.layers
-        for m in modules:
+        if hasattr(proposer, "draft_model"):  # EAGLE3: every module of its own (fc too)
+            target = {id(m) for m in runner.model.modules()}
+            hooked = [m for m in proposer.draft_model.modules() if id(m) not in target]
+        else:  # MTP: its layers (the target's modules, some of them shared with its forward)
+            hooked = proposer.layers
+        for m in hooked:
             m.register_forward_hook(self._count)
         run, draft = runner.decode_step.run, proposer.draft
 
