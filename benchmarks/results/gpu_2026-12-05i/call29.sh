@@ -5,28 +5,28 @@
 # states, fc fuses them in the draft-extend; the append is one launch). Closed batches repeated five times,
 # interleaved with plain decoding (closed_batch_rounds.py: medians), then bench e2e after, whose `none` rows'
 # profiled_step_ms (plain decoding's step) sits beside the EAGLE3 rows' chooser.profiled_step_ms["none"] (the
-# held step). Then, if 200 s are left, gpu_2026-12-05h's call 28: the widened DeepSeek at batch 1, plain
+# held step). Then, if 250 s are left, gpu_2026-12-05h's call 28: the widened DeepSeek at batch 1, plain
 # against MTP, profiled over idle rows.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 # the held rows' append kernel against the torch form; held and narrow EAGLE3 / MTP steps captured, lossless
-PYTHONPATH=. timeout 100 python3 -m pytest -q -p no:cacheprovider -n 4 tests/speculative/test_pending_window.py \
+PYTHONPATH=. timeout 80 python3 -m pytest -q -p no:cacheprovider -n 4 tests/speculative/test_pending_window.py \
   tests/speculative/test_zero_draft_hold.py tests/gpu/test_gpu.py -k "pending or hold or eagle3" > $OUT/pytest.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
 tail -n 3 $OUT/pytest.log
 rounds="benchmarks/scripts/closed_batch_rounds.py --family qwen35 --methods eagle3 --batches 32 --temperatures 0.8
   --rounds 5 --max-tokens 64 --workdir /tmp/e2e_qwen35"
-PYTHONPATH=.snap_a timeout 150 python3 $rounds --out $OUT/rounds_before.json > $OUT/rounds_before.log 2>&1
+PYTHONPATH=.snap_a timeout 130 python3 $rounds --out $OUT/rounds_before.json > $OUT/rounds_before.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/rounds_before.log
-PYTHONPATH=. timeout 130 python3 $rounds --out $OUT/rounds_after.json > $OUT/rounds_after.log 2>&1
+PYTHONPATH=. timeout 110 python3 $rounds --out $OUT/rounds_after.json > $OUT/rounds_after.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/rounds_after.log
-PYTHONPATH=. timeout 120 python3 -m outpace bench e2e --family qwen35 --batch-sizes 32 --methods none eagle3 \
+PYTHONPATH=. timeout 100 python3 -m outpace bench e2e --family qwen35 --batch-sizes 32 --methods none eagle3 \
   --out $OUT/e2e_qwen35 --workdir /tmp/e2e_qwen35 > $OUT/e2e_qwen35.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_qwen35.log
 rm -rf /tmp/e2e_qwen35
-if (( SECONDS < 385 )); then
+if (( SECONDS < 250 )); then
   PYTHONPATH=. timeout $(( 590 - SECONDS )) python3 -m outpace bench e2e --family deepseek --batch-sizes 1 \
     --methods none mtp --out $OUT/e2e_deepseek --workdir /tmp/e2e_deepseek > $OUT/e2e_deepseek.log 2>&1
   echo "rc=$? after ${SECONDS}s" >> $OUT/e2e_deepseek.log
