@@ -5,7 +5,7 @@
 # states, fc fuses them in the draft-extend; the append is one launch). Closed batches repeated five times,
 # interleaved with plain decoding (closed_batch_rounds.py: medians), then bench e2e after, whose `none` rows'
 # profiled_step_ms (plain decoding's step) sits beside the EAGLE3 rows' chooser.profiled_step_ms["none"] (the
-# held step). Then, if 250 s are left, gpu_2026-12-05h's call 28: the widened DeepSeek at batch 1, plain
+# held step). Then, if the others ended within 250 s, gpu_2026-12-05h's call 28: the widened DeepSeek at batch 1, plain
 # against MTP, profiled over idle rows.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo
