@@ -23,14 +23,3 @@ echo "rc=$? after ${SECONDS}s" >> $OUT/rounds_after.log
 sed -i -E 's/\r/\n/g' $OUT/*.log
 sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/*.log
 for log in $OUT/rounds_*.log; do echo "== $log"; tail -n 6 $log; done
-for log in $OUT/e2e_*.log; do echo "== $log"; grep -E -A6 "^method|rc=" $log | tail -n 8; done
-python3 - <<'PY'
-import glob, json, os
-for path in sorted(glob.glob(os.environ["OUT"] + "/e2e_*/*.json")):
-    print(path.split("/")[-2])
-    for r in json.load(open(path))["rows"]:
-        c = r.get("chooser") or {}
-        print(" ", r["method"], r["batch"], r["temperature"], "plain profiled", r.get("profiled_step_ms"),
-              "| step_ms", c.get("step_ms"), "| profiled", c.get("profiled_step_ms"), "| by drafts", r.get("verifies_by_num_drafts"))
-PY
-gzip $OUT/e2e_*/*.json
