@@ -1,8 +1,9 @@
-"""The speculative step's bookkeeping kernels compiled for an H100 / H200 (sm_90) without a GPU, in a process of
-its own (tests/helpers/hopper_compile.py), as their launch code launches them: greedy chain verification's
-result (speculative/tree_kernels.py ``greedy_chain``) and the MTP windows' update, gathering and layer tokens
-and a held step's append (speculative/pending_window_kernel.py, at the widened Qwen3.5's window: 12 rows of 4096). Triton's interpreter, which runs their other
-tests on a CPU, checks neither that they compile nor that they keep their registers (ptxas -v)."""
+"""The speculative step's bookkeeping kernels compiled for an H100 / H200 (sm_90) without a GPU, in a process of its
+own (tests/helpers/hopper_compile.py), as their launch code launches them: greedy chain verification's result
+(speculative/tree_kernels.py ``greedy_chain``) and the MTP windows' update, gathering and layer tokens and a held
+step's append (speculative/pending_window_kernel.py, at the widened Qwen3.5's window: 12 rows of 4096). Triton's
+interpreter, which runs their other tests on a CPU, checks neither that they compile nor that they keep their
+registers (ptxas -v)."""
 
 from __future__ import annotations
 

@@ -7,19 +7,20 @@ previous pre-norm output.
 
 State per row: the rows the target committed since the draft last ran ("pending",
 speculative/proposer.py ``PendingRows``: at most ``num_steps + 1`` after a verify, one more for each
-zero-draft step held since, adaptive drafting holding up to ``HOLD_ROWS`` more), each with the target's
-aux states and the token after it. ``fc`` fuses them in the draft-extend, over the whole window at once:
-a held step runs no part of the draft, and ``fc``'s weight is read once a forward, not once a step. Let L be a request's length (its last token sits at position L).
-``draft`` first runs the draft-extend over the window, pending rows L - count .. L - 1 and padding (the
-padding rows past L - 1, up to L + width - 2, write KV that nothing reads: the extend is causal, each
-draft step writes its own row before reading it, and the next extend rewrites rows from L on); the last
-pending row's output predicts draft 1. A held zero-draft step (``hold``) runs no forward and appends its
-committed row: the next extend writes its KV as the skipped one would have. Chain: step
-j >= 2 is one row at position L + j - 2 reading draft j - 1. Tree: each step expands the ``topk``
-best frontier nodes (rows at position L + step - 2, each attending to its own ancestors), every
-expanded node proposes ``topk`` children, and finally the ``num_draft_tokens - 1`` candidates with
-the highest cumulative log-probability form the verified tree. Prefill chunks are extended at
-once (``absorb``), all but a completed prompt's last row, which stays pending.
+zero-draft step held since, adaptive drafting holding up to ``HOLD_ROWS`` more), each with the
+target's aux states and the token after it. ``fc`` fuses them in the draft-extend, over the whole
+window at once: a held step runs no part of the draft, and ``fc``'s weight is read once a forward,
+not once a step. Let L be a request's length (its last token sits at position L). ``draft`` first
+runs the draft-extend over the window, pending rows L - count .. L - 1 and padding (the padding rows
+past L - 1, up to L + width - 2, write KV that nothing reads: the extend is causal, each draft step
+writes its own row before reading it, and the next extend rewrites rows from L on); the last pending
+row's output predicts draft 1. A held zero-draft step (``hold``) runs no forward and appends its
+committed row: the next extend writes its KV as the skipped one would have. Chain: step j >= 2 is
+one row at position L + j - 2 reading draft j - 1. Tree: each step expands the ``topk`` best
+frontier nodes (rows at position L + step - 2, each attending to its own ancestors), every expanded
+node proposes ``topk`` children, and finally the ``num_draft_tokens - 1`` candidates with the
+highest cumulative log-probability form the verified tree. Prefill chunks are extended at once
+(``absorb``), all but a completed prompt's last row, which stays pending.
 """
 
 from __future__ import annotations
@@ -152,9 +153,8 @@ class Eagle3Proposer(Proposer):
     def update(self, verified: Verified) -> None:
         rows, b, n = verified.rows, verified.rows.size, self.verify_rows
         committed = verified.committed_rows(n).reshape(-1)  # [b * n]
-        aux = verified.aux_hidden_states.index_select(
-            0, committed
-        )  # [b * n, num_aux * target hidden]
+        # [b * n, num_aux * target hidden]
+        aux = verified.aux_hidden_states.index_select(0, committed)
         self.pending.hidden[rows.req_indices, :n] = aux.view(b, n, -1)
         self.pending.tokens[rows.req_indices, :n] = verified.next_tokens(n)
         self.pending.start[rows.req_indices] = rows.lengths
