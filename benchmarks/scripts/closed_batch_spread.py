@@ -16,9 +16,9 @@ and 0.1 (288.0 against 291.0; 315.8 against 320.9). Tried and not taken: the qua
 also uncertain by the spread of the last 64 finished requests' first-draft rates (sample variance less the
 binomial noise) in ``_steps_to_finish``'s shared-rate case: 517.6 / 520.3 / 520.6 / 520.6 at temperature 0.8
 (at most 0.8% gained, 0.6% lost at spread 0), but greedy 318.9 (+1.0%), 413.5 (+4.4%) and 501.7 (+2.6%) at
-spreads 0.1 to 0.3. Nor a larger margin between shapes (``DraftLengthChooser(margin=...)``, 1.03): at 1.06 the
-temperature 0.8 batches 0.4% faster and greedy ones within 0.7% either way, at 1.10 0.9% faster and greedy ones
-1-3% slower (150 runs).
+spreads 0.1 to 0.3. Nor a larger margin between shapes (``DraftLengthChooser(margin=...)``, 1.03; 150 runs): at 1.06
+every batch within 0.7% of 1.03's either way; at 1.10 temperature 0.8's 0.6-0.9% faster where rates differ (0.9%
+slower where they do not), greedy ones 1.1-2.5% slower.
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_spread.py [--greedy] [--runs 200] [--tokens 64]
         [--spreads 0 0.1 0.2 0.3]
