@@ -23,7 +23,7 @@ from pathlib import Path
 from outpace.attention import kernel_parts, mla_kernels
 from outpace.bench.families import bench_shapes, build, close
 from outpace.bench.family_shapes import family_shapes
-from outpace.bench.gpu import LLAMA_8B, time_decode
+from outpace.bench.gpu import time_decode
 from outpace.bench.profile import _recapture_decode
 from outpace.layers import (
     expert_blocks,
@@ -436,10 +436,7 @@ SWEEPS |= _on_shapes(
 
 
 def _config(sweep: Sweep) -> dict:
-    """A sweep's model config: bench/family_shapes.py's (quantized as bench/families.py's --quantized), or
-    bench/gpu.py's Llama-3.1-8B shape."""
-    if sweep.shape == "llama-3.1-8b":
-        return dict(LLAMA_8B)
+    """A sweep's model config: bench/family_shapes.py's (quantized as bench/families.py's --quantized)."""
     if sweep.quantized:
         return bench_shapes(sweep.quantized, [sweep.shape])[sweep.shape].config
     return family_shapes()[sweep.shape].config

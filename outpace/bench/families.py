@@ -71,6 +71,7 @@ VERIFY_BATCHES, MAX_VERIFY_TOKENS = (1, 8), 8
 # Rough seconds per shape on an H200 (two engines built with their graphs, the timings), for the time limit;
 # the first shape of a process also compiles the Triton kernels.
 ESTIMATE_S = {
+    "llama-3.1-8b": 110,
     "deepseek-v2-lite": 150,
     "deepseek-v3-slice": 150,
     "kimi-k2-slice": 150,

@@ -532,10 +532,19 @@ def qwen35() -> dict:
 def family_shapes() -> dict[str, FamilyShape]:
     """Every shape by name (slices: how many layers they keep, in the config)."""
     from outpace.bench.deepseek_shape import V2_LITE
+    from outpace.bench.gpu import LLAMA_8B
 
     return {
         s.name: s
         for s in (
+            FamilyShape(
+                "llama-3.1-8b",
+                "meta-llama/Llama-3.1-8B",
+                LLAMA_8B,
+                32,
+                2,
+                "the dense comparison (bench gpu's 8B shape)",
+            ),
             FamilyShape("deepseek-v2-lite", "deepseek-ai/DeepSeek-V2-Lite", V2_LITE, 27, 2),
             FamilyShape(
                 "deepseek-v3-slice",
