@@ -1,5 +1,6 @@
 """The seed families at their public shapes, as config.json dicts outpace's loader accepts
-(``python -m outpace.bench.families``, bench/families.py, measures them).
+(``python -m outpace.bench.families``, bench/families.py, measures them), and the Llama-3.1-8B shape to compare
+them with.
 
 Each value is the public hub config.json's (the repository id is named beside each shape; the values were
 read from stored copies of those configs in public code: model-config tests and parsers of other engines,
