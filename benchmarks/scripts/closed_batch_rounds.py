@@ -4,8 +4,10 @@ GPU; ``--tiny``: its small test widening, float32 on a CPU), each one closed bat
 the median of each row's closed-batch seconds and steady rate reported. One closed batch moves by several
 percent with one-off costs (a slow first prefill, a dropped step run ahead): single runs could not tell two
 closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
-(``--profile-first``: each row's first step also under torch.profiler, its table printed) also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen) and
-prints, per batch and temperature, where a method's steps spent more time than plain decoding's.
+also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen, its
+kind: held, flush, draft or probe) and prints, per batch and temperature, where a method's steps spent more
+time than plain decoding's, and its steps by kind (``--profile-first``: each row's first step also under
+torch.profiler, its table printed).
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
@@ -52,11 +54,17 @@ def engines(
 
 class StepLog:
     """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None, the
-    chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None];
-    ``profile_first``: the first step of each run logged also under torch.profiler (``tables``)."""
+    chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None, its kind or None];
+    ``profile_first``: the first step of each run logged also under torch.profiler (``tables``). The kinds
+    of an adaptive drafter's steps: ``held`` (zero drafts, the drafter's forward held back), ``flush`` (zero
+    drafts, its forward run over the rows held: engine/step_key.py ``HoldRule``), ``draft`` (a shape the
+    chooser judged best, or one whose cost it had yet to measure), ``probe`` (a shape drafted to keep its acceptance measured: speculative/adaptive.py);
+    None for plain decoding's engine and for steps without decoding rows."""
 
     def __init__(self, llm: LLM, profile_first: bool = False) -> None:
         self.on, self.steps, self._shape, self._believed = False, [], None, None
+        self._kind: str | None = None
+        self._probe = False
         self.profile_first, self.tables = profile_first, []
         engine = llm.engine
         real_step = engine.step
@@ -64,14 +72,14 @@ class StepLog:
         def step():
             if not self.on:
                 return real_step()
-            self._shape = self._believed = None
+            self._shape = self._believed = self._kind = None
             rows = sum(map(is_decoding, engine.scheduler.running))
             profiled = self.profile_first and not self.steps
             with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
                 t = time.perf_counter()
                 outputs = real_step()
                 wall = time.perf_counter() - t
-            self.steps.append([round(1e3 * wall, 3), rows, self._shape, self._believed])
+            self.steps.append([round(1e3 * wall, 3), rows, self._shape, self._believed, self._kind])
             if profiled:
                 self.tables.append(
                     prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
@@ -88,9 +96,20 @@ class StepLog:
                     self._shape = f"{shape.num_steps}x{shape.topk}" if shape.num_steps else "plain"
                     cost = _chooser.costs.get((bucket, shape))
                     self._believed = None if cost is None else round(1e3 * cost, 3)
+                    self._probe = _chooser._since_probe == 0  # (a probe restarts that count)
                 return shape
 
             chooser.choose = watched
+        decode_step = engine.runner.decode_step
+        run = decode_step.run
+
+        def watched_run(key, *args, **kwargs):
+            if self.on and self._shape is not None and self._kind is None:  # the shape logged
+                drafted = "probe" if self._probe else "draft"
+                self._kind = drafted if key.shape.num_steps else "held" if key.hold else "flush"
+            return run(key, *args, **kwargs)
+
+        decode_step.run = watched_run
 
 
 def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
@@ -114,7 +133,16 @@ def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
             f"{sum(s[0] for s in plain):.1f} -> {sum(s[0] for s in steps):.1f}; first {f0:.2f} -> {f1:.2f}; "
             f"full-batch steps {n0}: {body0:.1f} -> {n1}: {body1:.1f}; tail {tail0:.2f} -> {tail1:.2f}"
         )
+        lines.append(f"{'':<6} by kind (steps, ms): {kinds_summary(steps)}")
     return lines
+
+
+def kinds_summary(steps: list) -> str:
+    """A run's steps by kind (``StepLog``), in the order first met: how many and their summed wall ms."""
+    kinds: dict[str, list[float]] = {}
+    for step in steps:
+        kinds.setdefault(step[4] or "other", []).append(step[0])
+    return ", ".join(f"{kind} {len(ms)}: {sum(ms):.1f}" for kind, ms in kinds.items())
 
 
 def measure(
