@@ -58,8 +58,9 @@ class StepLog:
     ``profile_first``: the first step of each run logged also under torch.profiler (``tables``). The kinds
     of an adaptive drafter's steps: ``held`` (zero drafts, the drafter's forward held back), ``flush`` (zero
     drafts, its forward run over the rows held: engine/step_key.py ``HoldRule``), ``draft`` (a shape the
-    chooser judged best, or one whose cost it had yet to measure), ``probe`` (a shape drafted to keep its acceptance measured: speculative/adaptive.py);
-    None for plain decoding's engine and for steps without decoding rows."""
+    chooser judged best, or one whose cost it had yet to measure), ``probe`` (a shape drafted to keep its
+    acceptance measured: speculative/adaptive.py); None for plain decoding's engine and for steps without
+    decoding rows."""
 
     def __init__(self, llm: LLM, profile_first: bool = False) -> None:
         self.on, self.steps, self._shape, self._believed = False, [], None, None
