@@ -1,0 +1,224 @@
+"""How fast can a weight be streamed at batch 1 outside Triton? The one-row products of the shapes whose
+kernels read far under the floor (issue 43's batch-1 MoE layers: o_proj's 16.8 MB at 1.9 TB/s; issue 44's
+block-FP8 projections: 13.1 us for 25 MB), each timed four ways:
+
+- ours: the shipped few-row kernels (bf16: layers/fused_projection.py ``project_rows``, with programmatic
+  dependent launch and without; block FP8: layers/quant/quant_matmul_kernel.py ``quant_matmul``);
+- torch: ``F.linear`` on the bf16 weight (cuBLAS);
+- cuda: the plain CUDA products of cuda_gemv_probe.cu (16-byte loads, a block of 256 threads a few rows,
+  every row's loads in flight before its products), compiled here with nvcc and launched through the driver
+  API on torch's stream, at each rows-a-block setting (the fastest reported);
+- empty: a kernel that writes one value, the least a launch costs in such a graph.
+
+Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds), as
+fp8_projection_settings.py times; every output is checked against F.linear first. If the CUDA products read
+much faster than ours, the batch-1 gap is Triton's code, not the hardware's latency.
+
+    PYTHONPATH=. python3 benchmarks/scripts/cuda_gemv_probe.py [OUT.json]"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fp8_projection_settings import graph_us  # noqa: E402
+
+from outpace.layers.fused_projection import project_rows  # noqa: E402
+from outpace.layers.quant import quant_matmul_kernel as qm  # noqa: E402
+from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block  # noqa: E402
+
+BLOCK = (128, 128)
+CALLS = 8
+THREADS = 256  # cuda_gemv_probe.cu's block
+ROWS = (1, 2, 4, 8)  # the .cu's instances: weight rows a block
+SHAPES = {  # name: (N, K)
+    "deepseek-v2-lite kv_a": (576, 2048),
+    "deepseek-v2-lite o": (2048, 2048),
+    "qwen3-30b-a3b o_proj": (2048, 4096),
+    "qwen3-30b-a3b qkv": (5120, 2048),
+    "step-3.5 tp2 q_proj": (6144, 4096),
+    "qwen3-next in_proj_qkvz": (12288, 2048),
+    "llama-8b down_proj": (4096, 14336),
+}
+
+
+class CudaProducts:
+    """cuda_gemv_probe.cu compiled for this GPU and loaded through the driver API (libcuda)."""
+
+    def __init__(self) -> None:
+        source = Path(__file__).with_suffix(".cu")
+        major, minor = torch.cuda.get_device_capability()
+        cubin = Path(tempfile.mkdtemp()) / "gemv.cubin"
+        subprocess.run(
+            ["nvcc", "-cubin", f"-arch=sm_{major}{minor}", "-O3", "-o", str(cubin), str(source)],
+            check=True,
+        )
+        torch.cuda.init()
+        torch.empty(1, device="cuda")  # torch's context current on this thread
+        self.driver = ctypes.CDLL("libcuda.so.1")
+        self.module = ctypes.c_void_p()
+        image = cubin.read_bytes()
+        self._check(
+            self.driver.cuModuleLoadData(ctypes.byref(self.module), image), "cuModuleLoadData"
+        )
+        self.functions: dict[str, ctypes.c_void_p] = {}
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with CUresult {status}")
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        if name not in self.functions:
+            f = ctypes.c_void_p()
+            self._check(
+                self.driver.cuModuleGetFunction(ctypes.byref(f), self.module, name.encode()), name
+            )
+            self.functions[name] = f
+        return self.functions[name]
+
+    def launch(self, name: str, grid: int, args: list) -> None:
+        """``name`` over ``grid`` blocks of 256 threads on torch's current stream; ``args``: tensors and ints."""
+        values = [
+            ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a)
+            for a in args
+        ]
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        status = self.driver.cuLaunchKernel(
+            self.function(name), grid, 1, 1, THREADS, 1, 1, 0, stream, params, None
+        )
+        self._check(status, name)
+
+
+def checked_us(calls, first, ref: torch.Tensor) -> float | None:
+    """us a call of ``calls`` in a graph, None where ``first()``'s output is wrong."""
+    got = first().float().reshape(ref.shape)
+    err = ((got - ref).norm() / ref.norm()).item()
+    if not err < 2e-2:
+        print(f"    wrong output (relative error {err:.3g})", flush=True)
+        return None
+    return graph_us(calls)
+
+
+def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
+    raw = torch.randn(n, k, device=device) * 0.02
+    q, scale = quantize_fp8_block(raw, BLOCK)
+    dense = dequantize_fp8_block(q, scale, BLOCK)
+    bf16 = [dense.to(torch.bfloat16) for _ in range(CALLS)]
+    fp8 = [(q.clone(), scale.clone().float()) for _ in range(CALLS)]
+    x = torch.randn(1, k, device=device, dtype=torch.bfloat16)
+    ref = F.linear(x.float(), dense)  # [1, N]
+    ys = [torch.empty(n, dtype=torch.bfloat16, device=device) for _ in range(CALLS)]
+    t: dict[str, float | None] = {}
+    t["bf16 ours"] = checked_us(
+        lambda: [project_rows(x, w) for w in bf16], lambda: project_rows(x, bf16[0]), ref
+    )
+    t["bf16 ours, no PDL"] = checked_us(
+        lambda: [project_rows(x, w, pdl=False) for w in bf16],
+        lambda: project_rows(x, bf16[0], pdl=False),
+        ref,
+    )
+    t["bf16 torch"] = checked_us(
+        lambda: [F.linear(x, w) for w in bf16], lambda: F.linear(x, bf16[0]), ref
+    )
+    t["fp8 ours"] = checked_us(
+        lambda: [qm.quant_matmul(x, w, s, "fp8_block", BLOCK) for w, s in fp8],
+        lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK),
+        ref,
+    )
+    for rows in ROWS:
+        grid = -(-n // rows)
+
+        def bf16_call(i: int, rows=rows, grid=grid) -> torch.Tensor:
+            cuda.launch(f"gemv_bf16_r{rows}", grid, [bf16[i], x, ys[i], n, k])
+            return ys[i]
+
+        def fp8_call(i: int, rows=rows, grid=grid) -> torch.Tensor:
+            w, s = fp8[i]
+            cuda.launch(f"gemv_fp8_r{rows}", grid, [w, s, x, ys[i], n, k])
+            return ys[i]
+
+        t[f"bf16 cuda r{rows}"] = checked_us(
+            lambda f=bf16_call: [f(i) for i in range(CALLS)], lambda f=bf16_call: f(0), ref
+        )
+        t[f"fp8 cuda r{rows}"] = checked_us(
+            lambda f=fp8_call: [f(i) for i in range(CALLS)], lambda f=fp8_call: f(0), ref
+        )
+    return {"shape": name, "n": n, "k": k, "us": t}
+
+
+def best(times: dict, prefix: str) -> tuple[str, float | None]:
+    ok = {s: v for s, v in times.items() if s.startswith(prefix) and v is not None}
+    if not ok:
+        return "-", None
+    key = min(ok, key=ok.get)
+    return key.removeprefix(prefix), ok[key]
+
+
+def copy_bandwidth(device) -> float:
+    """Bytes a second of a device-to-device copy of 1 GiB, counting bytes read and written."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    from triton.testing import do_bench
+
+    return 2 * a.numel() / (do_bench(lambda: b.copy_(a), return_mode="median") * 1e-3)
+
+
+def main(out: str | None = None) -> None:
+    device = torch.device("cuda")
+    cuda = CudaProducts()
+    flag = torch.empty(1, device=device)
+    empty = graph_us(lambda: [cuda.launch("empty_kernel", 132, [flag]) for _ in range(CALLS)])
+    bandwidth = copy_bandwidth(device)
+    print(
+        f"{torch.cuda.get_device_name()}: copy {bandwidth / 1e12:.2f} TB/s; empty kernel {empty:.2f} us a call"
+    )
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        row = probe_shape(cuda, name, n, k, device)
+        row["floor_bf16_us"] = 2 * n * k / bandwidth * 1e6
+        row["floor_fp8_us"] = (n * k + 4 * (-(-n // 128)) * (-(-k // 128))) / bandwidth * 1e6
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\nus a call in a graph of {CALLS} (floor: bytes over the copy bandwidth)")
+    print(
+        f"{'shape':>26} | {'bf16 floor':>10} {'ours':>6} {'noPDL':>6} {'torch':>6} {'cuda':>11} | "
+        f"{'fp8 floor':>9} {'ours':>6} {'cuda':>11}"
+    )
+    for r in rows:
+        t = r["us"]
+        bk, bv = best(t, "bf16 cuda ")
+        fk, fv = best(t, "fp8 cuda ")
+
+        def f(v):
+            return f"{v:6.2f}" if v is not None else "     -"
+
+        print(
+            f"{r['shape']:>26} | {r['floor_bf16_us']:10.2f} {f(t['bf16 ours'])} "
+            f"{f(t['bf16 ours, no PDL'])} {f(t['bf16 torch'])} {f(bv)} {bk:>4} | "
+            f"{r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} {f(fv)} {fk:>4}"
+        )
+    if out:
+        Path(out).write_text(
+            json.dumps(
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "copy_bytes_per_s": bandwidth,
+                    "empty_us": empty,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
