@@ -2,7 +2,9 @@
 // weight can be streamed at batch 1 outside Triton. A block of 256 threads owns ROWS weight rows; thread t
 // reads 16-byte vectors t, t + 256, ... of each row, UNROLL x ROWS loads issued before any product, then the
 // block sums each row's partials.
-// Compiled by the script with nvcc -cubin for sm_90; launched through the driver API on torch's stream.
+// The _pdl instances launch with programmatic dependent launch: they issue their first weight loads, then wait
+// for the kernel before (x may be its output). Compiled by the script with nvcc -cubin for sm_90; launched
+// through the driver API on torch's stream.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -10,6 +12,15 @@
 
 constexpr int THREADS = 256;
 constexpr int UNROLL = 2;  // K steps of 256 vectors whose loads are issued together
+
+// A weight's 16 bytes, not kept in L1 (read once).
+__device__ __forceinline__ uint4 load_weight(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 __device__ __forceinline__ float dot8_bf16(uint4 w, uint4 x) {
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
@@ -39,6 +50,12 @@ __device__ __forceinline__ float dot16_fp8(uint4 w, const float* x) {
   return acc;
 }
 
+// Programmatic dependent launch (a launch with cudaLaunchAttributeProgrammaticStreamSerialization): the next
+// kernel may start now; wait here until the kernel before has finished (its writes visible).
+__device__ __forceinline__ void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// (ptxas moves part of a step's weight loads past this wait: 4 of gemv_bf16_pdl_r4's 8 in its SASS.)
+__device__ __forceinline__ void dependency_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
 // Sums each of ROWS values over the block; thread r < ROWS returns row r's sum.
 template <int ROWS>
 __device__ __forceinline__ float block_sum(float (&acc)[ROWS]) {
@@ -59,9 +76,10 @@ __device__ __forceinline__ float block_sum(float (&acc)[ROWS]) {
   return total;
 }
 
-template <int ROWS>
-__device__ void gemv_bf16(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* __restrict__ x,
+template <int ROWS, bool PDL>
+__device__ void gemv_bf16(const __nv_bfloat16* __restrict__ W, const __nv_bfloat16* x,
                           __nv_bfloat16* __restrict__ y, int N, int K) {
+  if (PDL) launch_dependents();
   const int row0 = blockIdx.x * ROWS;
   const int vectors = K / 8;  // K a multiple of 8
   const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -76,10 +94,12 @@ __device__ void gemv_bf16(const __nv_bfloat16* __restrict__ W, const __nv_bfloat
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         const int row = min(row0 + r, N - 1);
-        w[u][r] = __ldg(reinterpret_cast<const uint4*>(W + (size_t)row * K) + v);
+        w[u][r] = load_weight(reinterpret_cast<const uint4*>(W + (size_t)row * K) + v);
       }
-      xw[u] = __ldg(xv + v);
     }
+    if (PDL && base == (int)threadIdx.x) dependency_wait();  // x may be the kernel before's output
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) xw[u] = xv[min(base + u * THREADS, vectors - 1)];  // (not __ldg: not before the wait)
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       if (base + u * THREADS < vectors) {
@@ -94,10 +114,11 @@ __device__ void gemv_bf16(const __nv_bfloat16* __restrict__ W, const __nv_bfloat
 
 // W float8_e4m3fn [N, K], scale float32 [ceil(N / 128), ceil(K / 128)] multiplying each 128 x 128 block
 // (block FP8: DeepSeek-V3's weight_dequant), x bf16 [K], y bf16 [N].
-template <int ROWS>
+template <int ROWS, bool PDL>
 __device__ void gemv_fp8_block(const uint8_t* __restrict__ W, const float* __restrict__ scale,
-                               const __nv_bfloat16* __restrict__ x, __nv_bfloat16* __restrict__ y, int N,
+                               const __nv_bfloat16* x, __nv_bfloat16* __restrict__ y, int N,
                                int K) {
+  if (PDL) launch_dependents();
   const int row0 = blockIdx.x * ROWS;
   const int vectors = K / 16;  // K a multiple of 16: a vector lies in one 128-column block
   const int scale_columns = (K + 127) / 128;
@@ -114,11 +135,16 @@ __device__ void gemv_fp8_block(const uint8_t* __restrict__ W, const float* __res
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
         const int row = min(row0 + r, N - 1);
-        w[u][r] = __ldg(reinterpret_cast<const uint4*>(W + (size_t)row * K) + v);
+        w[u][r] = load_weight(reinterpret_cast<const uint4*>(W + (size_t)row * K) + v);
         s[u][r] = __ldg(scale + (row / 128) * scale_columns + v / 8);
       }
-      halves[u][0] = __ldg(xv + 2 * v);
-      halves[u][1] = __ldg(xv + 2 * v + 1);
+    }
+    if (PDL && base == (int)threadIdx.x) dependency_wait();  // x may be the kernel before's output
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int v = min(base + u * THREADS, vectors - 1);
+      halves[u][0] = xv[2 * v];
+      halves[u][1] = xv[2 * v + 1];
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -142,21 +168,26 @@ __device__ void gemv_fp8_block(const uint8_t* __restrict__ W, const float* __res
   if (threadIdx.x < ROWS && row0 + threadIdx.x < N) y[row0 + threadIdx.x] = __float2bfloat16(total);
 }
 
-#define INSTANCES(R)                                                                                      \
+#define INSTANCES(R, P, NAME)                                                                             \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                   \
-      gemv_bf16_r##R(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* y, int N, int K) {   \
-    gemv_bf16<R>(W, x, y, N, K);                                                                          \
+      gemv_bf16##NAME##_r##R(const __nv_bfloat16* W, const __nv_bfloat16* x, __nv_bfloat16* y, int N,     \
+                             int K) {                                                                     \
+    gemv_bf16<R, P>(W, x, y, N, K);                                                                       \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(THREADS)                                                   \
-      gemv_fp8_r##R(const uint8_t* W, const float* scale, const __nv_bfloat16* x, __nv_bfloat16* y, int N, \
-                    int K) {                                                                              \
-    gemv_fp8_block<R>(W, scale, x, y, N, K);                                                              \
+      gemv_fp8##NAME##_r##R(const uint8_t* W, const float* scale, const __nv_bfloat16* x, __nv_bfloat16* y, \
+                            int N, int K) {                                                               \
+    gemv_fp8_block<R, P>(W, scale, x, y, N, K);                                                           \
   }
 
-INSTANCES(1)
-INSTANCES(2)
-INSTANCES(4)
-INSTANCES(8)
+INSTANCES(1, false, )
+INSTANCES(2, false, )
+INSTANCES(4, false, )
+INSTANCES(8, false, )
+INSTANCES(1, true, _pdl)
+INSTANCES(2, true, _pdl)
+INSTANCES(4, true, _pdl)
+INSTANCES(8, true, _pdl)
 
 // The least a launch costs in a graph: a block per SM that writes one value.
 extern "C" __global__ void empty_kernel(float* out) {

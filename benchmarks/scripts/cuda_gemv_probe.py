@@ -6,8 +6,9 @@ block-FP8 projections: 13.1 us for 25 MB), each timed four ways:
   dependent launch and without; block FP8: layers/quant/quant_matmul_kernel.py ``quant_matmul``);
 - torch: ``F.linear`` on the bf16 weight (cuBLAS);
 - cuda: the plain CUDA products of cuda_gemv_probe.cu (16-byte loads, a block of 256 threads a few rows,
-  every row's loads in flight before its products), compiled here with nvcc and launched through the driver
-  API on torch's stream, at each rows-a-block setting (the fastest reported);
+  a step's loads in flight before its products), compiled here with nvcc and launched through the driver
+  API on torch's stream, at each rows-a-block setting (the fastest reported), plainly and with programmatic
+  dependent launch;
 - empty: a kernel that writes one value, the least a launch costs in such a graph.
 
 Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds), as
@@ -19,6 +20,7 @@ much faster than ours, the batch-1 gap is Triton's code, not the hardware's late
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import subprocess
 import sys
@@ -48,6 +50,27 @@ SHAPES = {  # name: (N, K)
     "qwen3-next in_proj_qkvz": (12288, 2048),
     "llama-8b down_proj": (4096, 14336),
 }
+
+
+# CUDA's driver API structs for cuLaunchKernelEx (cuda.h): one launch attribute, programmatic stream
+# serialization (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6), the launch's programmatic
+# dependent launch.
+PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_bytes", ctypes.c_uint),
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("num_attrs", ctypes.c_uint),
+    ]
 
 
 class CudaProducts:
@@ -84,16 +107,28 @@ class CudaProducts:
             self.functions[name] = f
         return self.functions[name]
 
-    def launch(self, name: str, grid: int, args: list) -> None:
-        """``name`` over ``grid`` blocks of 256 threads on torch's current stream; ``args``: tensors and ints."""
+    def launch(self, name: str, grid: int, args: list, pdl: bool = False) -> None:
+        """``name`` over ``grid`` blocks of 256 threads on torch's current stream; ``args``: tensors and ints;
+        ``pdl``: with programmatic dependent launch (the kernel's griddepcontrol instructions)."""
         values = [
             ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a)
             for a in args
         ]
         params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        status = self.driver.cuLaunchKernel(
-            self.function(name), grid, 1, 1, THREADS, 1, 1, 0, stream, params, None
+        if not pdl:
+            status = self.driver.cuLaunchKernel(
+                self.function(name), grid, 1, 1, THREADS, 1, 1, 0, stream, params, None
+            )
+            return self._check(status, name)
+        attribute = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
+        attribute.value[0] = 1
+        config = _LaunchConfig(
+            (ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(THREADS, 1, 1), 0, stream
+        )
+        config.attrs, config.num_attrs = ctypes.pointer(attribute), 1
+        status = self.driver.cuLaunchKernelEx(
+            ctypes.byref(config), self.function(name), params, None
         )
         self._check(status, name)
 
@@ -134,33 +169,30 @@ def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
         lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK),
         ref,
     )
-    for rows in ROWS:
-        grid = -(-n // rows)
+    for rows, pdl in itertools.product(ROWS, (False, True)):
+        grid, tag = -(-n // rows), "_pdl" if pdl else ""
 
-        def bf16_call(i: int, rows=rows, grid=grid) -> torch.Tensor:
-            cuda.launch(f"gemv_bf16_r{rows}", grid, [bf16[i], x, ys[i], n, k])
+        def bf16_call(i: int, rows=rows, grid=grid, tag=tag, pdl=pdl) -> torch.Tensor:
+            cuda.launch(f"gemv_bf16{tag}_r{rows}", grid, [bf16[i], x, ys[i], n, k], pdl)
             return ys[i]
 
-        def fp8_call(i: int, rows=rows, grid=grid) -> torch.Tensor:
+        def fp8_call(i: int, rows=rows, grid=grid, tag=tag, pdl=pdl) -> torch.Tensor:
             w, s = fp8[i]
-            cuda.launch(f"gemv_fp8_r{rows}", grid, [w, s, x, ys[i], n, k])
+            cuda.launch(f"gemv_fp8{tag}_r{rows}", grid, [w, s, x, ys[i], n, k], pdl)
             return ys[i]
 
-        t[f"bf16 cuda r{rows}"] = checked_us(
-            lambda f=bf16_call: [f(i) for i in range(CALLS)], lambda f=bf16_call: f(0), ref
-        )
-        t[f"fp8 cuda r{rows}"] = checked_us(
-            lambda f=fp8_call: [f(i) for i in range(CALLS)], lambda f=fp8_call: f(0), ref
-        )
+        for dtype, f in (("bf16", bf16_call), ("fp8", fp8_call)):
+            t[f"{dtype} cuda{tag} r{rows}"] = checked_us(
+                lambda f=f: [f(i) for i in range(CALLS)], lambda f=f: f(0), ref
+            )
     return {"shape": name, "n": n, "k": k, "us": t}
 
 
-def best(times: dict, prefix: str) -> tuple[str, float | None]:
-    ok = {s: v for s, v in times.items() if s.startswith(prefix) and v is not None}
-    if not ok:
-        return "-", None
-    key = min(ok, key=ok.get)
-    return key.removeprefix(prefix), ok[key]
+def best(times: dict, prefix: str) -> float | None:
+    """The least time among the settings named ``prefix`` + rows a block."""
+    return min(
+        (v for s, v in times.items() if s.startswith(prefix) and v is not None), default=None
+    )
 
 
 def copy_bandwidth(device) -> float:
@@ -188,23 +220,24 @@ def main(out: str | None = None) -> None:
         row["floor_fp8_us"] = (n * k + 4 * (-(-n // 128)) * (-(-k // 128))) / bandwidth * 1e6
         rows.append(row)
         print(json.dumps(row), flush=True)
-    print(f"\nus a call in a graph of {CALLS} (floor: bytes over the copy bandwidth)")
     print(
-        f"{'shape':>26} | {'bf16 floor':>10} {'ours':>6} {'noPDL':>6} {'torch':>6} {'cuda':>11} | "
-        f"{'fp8 floor':>9} {'ours':>6} {'cuda':>11}"
+        f"\nus a call in a graph of {CALLS} (floor: bytes over the copy bandwidth; cuda: the best rows a block)"
     )
+    print(
+        f"{'shape':>26} | {'bf16 floor':>10} {'ours':>6} {'noPDL':>6} {'torch':>6} {'cuda':>6} {'PDL':>6} | "
+        f"{'fp8 floor':>9} {'ours':>6} {'cuda':>6} {'PDL':>6}"
+    )
+
+    def f(v):
+        return f"{v:6.2f}" if v is not None else "     -"
+
     for r in rows:
         t = r["us"]
-        bk, bv = best(t, "bf16 cuda ")
-        fk, fv = best(t, "fp8 cuda ")
-
-        def f(v):
-            return f"{v:6.2f}" if v is not None else "     -"
-
         print(
             f"{r['shape']:>26} | {r['floor_bf16_us']:10.2f} {f(t['bf16 ours'])} "
-            f"{f(t['bf16 ours, no PDL'])} {f(t['bf16 torch'])} {f(bv)} {bk:>4} | "
-            f"{r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} {f(fv)} {fk:>4}"
+            f"{f(t['bf16 ours, no PDL'])} {f(t['bf16 torch'])} {f(best(t, 'bf16 cuda r'))} "
+            f"{f(best(t, 'bf16 cuda_pdl r'))} | {r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} "
+            f"{f(best(t, 'fp8 cuda r'))} {f(best(t, 'fp8 cuda_pdl r'))}"
         )
     if out:
         Path(out).write_text(
