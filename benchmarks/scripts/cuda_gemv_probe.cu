@@ -189,6 +189,94 @@ INSTANCES(2, true, _pdl)
 INSTANCES(4, true, _pdl)
 INSTANCES(8, true, _pdl)
 
+// One token's routed experts (bf16 stacks, SiLU-gated), in two launches. experts_gate_up: block (i, s) computes
+// rows i * ROWS .. of slot s's expert's gate and up [experts, inter, hidden] and writes h [slots, inter] float32
+// = silu(gate . x) * (up . x). experts_down: block i computes output rows i * ROWS .. of the sum over slots of
+// weight[s] * down[ids[s]] [hidden, inter] . h[s], its threads spread over every (slot, vector) pair.
+template <int ROWS>
+__device__ void experts_gate_up(const __nv_bfloat16* __restrict__ gate, const __nv_bfloat16* __restrict__ up,
+                                const int* ids, const __nv_bfloat16* x, float* h, int inter, int hidden) {
+  const int slot = blockIdx.y, row0 = blockIdx.x * ROWS;
+  const size_t expert = (size_t)ids[slot] * inter * hidden;
+  const int vectors = hidden / 8;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  float acc[2 * ROWS];
+#pragma unroll
+  for (int r = 0; r < 2 * ROWS; ++r) acc[r] = 0.f;
+  for (int v = threadIdx.x; v < vectors; v += THREADS) {
+    uint4 w[2 * ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const size_t row = expert + (size_t)min(row0 + r, inter - 1) * hidden;
+      w[r] = load_weight(reinterpret_cast<const uint4*>(gate + row) + v);
+      w[ROWS + r] = load_weight(reinterpret_cast<const uint4*>(up + row) + v);
+    }
+    const uint4 xw = xv[v];
+#pragma unroll
+    for (int r = 0; r < 2 * ROWS; ++r) acc[r] += dot8_bf16(w[r], xw);
+  }
+  const float total = block_sum<2 * ROWS>(acc);
+  __shared__ float sums[2 * ROWS];
+  if (threadIdx.x < 2 * ROWS) sums[threadIdx.x] = total;
+  __syncthreads();
+  if (threadIdx.x < ROWS && row0 + threadIdx.x < inter) {
+    const float g = sums[threadIdx.x];
+    h[(size_t)slot * inter + row0 + threadIdx.x] = g / (1.f + __expf(-g)) * sums[ROWS + threadIdx.x];
+  }
+}
+
+template <int ROWS>
+__device__ void experts_down(const __nv_bfloat16* __restrict__ down, const int* ids, const float* routing,
+                             const float* h, __nv_bfloat16* y, int slots, int hidden, int inter) {
+  const int row0 = blockIdx.x * ROWS;
+  const int vectors = inter / 8, pairs = slots * vectors;
+  float acc[ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) acc[r] = 0.f;
+  for (int j = threadIdx.x; j < pairs; j += THREADS) {
+    const int s = j / vectors, v = j % vectors;
+    const size_t expert = (size_t)ids[s] * hidden * inter;
+    uint4 w[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const size_t row = expert + (size_t)min(row0 + r, hidden - 1) * inter;
+      w[r] = load_weight(reinterpret_cast<const uint4*>(down + row) + v);
+    }
+    const float4* hv = reinterpret_cast<const float4*>(h + (size_t)s * inter) + 2 * v;
+    const float4 a = hv[0], b = hv[1];
+    const float weight = routing[s];
+    const float hs[8] = {a.x * weight, a.y * weight, a.z * weight, a.w * weight,
+                         b.x * weight, b.y * weight, b.z * weight, b.w * weight};
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w[r]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(wp[i]);
+        acc[r] = fmaf(f.x, hs[2 * i], fmaf(f.y, hs[2 * i + 1], acc[r]));
+      }
+    }
+  }
+  const float total = block_sum<ROWS>(acc);
+  if (threadIdx.x < ROWS && row0 + threadIdx.x < hidden) y[row0 + threadIdx.x] = __float2bfloat16(total);
+}
+
+#define EXPERT_INSTANCES(R)                                                                               \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                   \
+      experts_gate_up_r##R(const __nv_bfloat16* gate, const __nv_bfloat16* up, const int* ids,            \
+                           const __nv_bfloat16* x, float* h, int inter, int hidden) {                    \
+    experts_gate_up<R>(gate, up, ids, x, h, inter, hidden);                                               \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(THREADS)                                                   \
+      experts_down_r##R(const __nv_bfloat16* down, const int* ids, const float* routing, const float* h, \
+                        __nv_bfloat16* y, int slots, int hidden, int inter) {                             \
+    experts_down<R>(down, ids, routing, h, y, slots, hidden, inter);                                      \
+  }
+
+EXPERT_INSTANCES(1)
+EXPERT_INSTANCES(2)
+EXPERT_INSTANCES(4)
+
 // The least a launch costs in a graph: a block per SM that writes one value.
 extern "C" __global__ void empty_kernel(float* out) {
   if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = 1.f;

@@ -9,7 +9,10 @@ block-FP8 projections: 13.1 us for 25 MB), each timed four ways:
   a step's loads in flight before its products), compiled here with nvcc and launched through the driver
   API on torch's stream, at each rows-a-block setting (the fastest reported), plainly and with programmatic
   dependent launch;
-- empty: a kernel that writes one value, the least a launch costs in such a graph.
+- empty: a kernel that writes one value, the least a launch costs in such a graph;
+
+and one token's routed experts (bf16, SiLU-gated: gate/up, then down and the weighted sum over slots) by ours
+(layers/grouped_experts.py) and by two CUDA launches, in a graph of 4 layers' distinct stacks.
 
 Each time is one call's share of a CUDA graph of 8 calls on 8 distinct weights (more bytes than L2 holds), as
 fp8_projection_settings.py times; every output is checked against F.linear first. If the CUDA products read
@@ -33,7 +36,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).parent))
 from fp8_projection_settings import graph_us  # noqa: E402
 
+from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.fused_projection import project_rows  # noqa: E402
+from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
 from outpace.layers.quant import quant_matmul_kernel as qm  # noqa: E402
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block  # noqa: E402
 
@@ -73,6 +78,17 @@ class _LaunchConfig(ctypes.Structure):
     ]
 
 
+# name: (experts, top_k, hidden, intermediate), bench/family_shapes.py's configs (SiLU-gated); at most
+# STACKED experts stacked, LAYERS distinct stacks in a graph
+EXPERTS = {
+    "deepseek-v2-lite": (64, 6, 2048, 1408),
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "qwen3-next-80b": (512, 10, 2048, 512),
+}
+STACKED, LAYERS = 64, 4
+EXPERT_ROWS = (1, 2, 4)  # the .cu's expert instances
+
+
 class CudaProducts:
     """cuda_gemv_probe.cu compiled for this GPU and loaded through the driver API (libcuda)."""
 
@@ -107,9 +123,10 @@ class CudaProducts:
             self.functions[name] = f
         return self.functions[name]
 
-    def launch(self, name: str, grid: int, args: list, pdl: bool = False) -> None:
+    def launch(self, name: str, grid: int | tuple[int, int], args: list, pdl: bool = False) -> None:
         """``name`` over ``grid`` blocks of 256 threads on torch's current stream; ``args``: tensors and ints;
         ``pdl``: with programmatic dependent launch (the kernel's griddepcontrol instructions)."""
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
         values = [
             ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor) else ctypes.c_int(a)
             for a in args
@@ -118,13 +135,13 @@ class CudaProducts:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         if not pdl:
             status = self.driver.cuLaunchKernel(
-                self.function(name), grid, 1, 1, THREADS, 1, 1, 0, stream, params, None
+                self.function(name), gx, gy, 1, THREADS, 1, 1, 0, stream, params, None
             )
             return self._check(status, name)
         attribute = _LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION)
         attribute.value[0] = 1
         config = _LaunchConfig(
-            (ctypes.c_uint * 3)(grid, 1, 1), (ctypes.c_uint * 3)(THREADS, 1, 1), 0, stream
+            (ctypes.c_uint * 3)(gx, gy, 1), (ctypes.c_uint * 3)(THREADS, 1, 1), 0, stream
         )
         config.attrs, config.num_attrs = ctypes.pointer(attribute), 1
         status = self.driver.cuLaunchKernelEx(
@@ -134,13 +151,17 @@ class CudaProducts:
 
 
 def checked_us(calls, first, ref: torch.Tensor) -> float | None:
-    """us a call of ``calls`` in a graph, None where ``first()``'s output is wrong."""
-    got = first().float().reshape(ref.shape)
-    err = ((got - ref).norm() / ref.norm()).item()
-    if not err < 2e-2:
-        print(f"    wrong output (relative error {err:.3g})", flush=True)
+    """us a call of ``calls`` in a graph, None where ``first()``'s output is wrong or a launch fails."""
+    try:
+        got = first().float().reshape(ref.shape)
+        err = ((got - ref).norm() / ref.norm()).item()
+        if not err < 2e-2:
+            print(f"    wrong output (relative error {err:.3g})", flush=True)
+            return None
+        return graph_us(calls)
+    except Exception as e:  # noqa: BLE001 (a probe: one variant's failure must not stop the others)
+        print(f"    {type(e).__name__}: {str(e)[:160]}", flush=True)
         return None
-    return graph_us(calls)
 
 
 def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
@@ -186,6 +207,56 @@ def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
                 lambda f=f: [f(i) for i in range(CALLS)], lambda f=f: f(0), ref
             )
     return {"shape": name, "n": n, "k": k, "us": t}
+
+
+def probe_experts(cuda: CudaProducts, name: str, experts, top_k, hidden, inter, device) -> dict:
+    """One token's routed experts: ours (layers/grouped_experts.py) against the two CUDA launches."""
+    experts = min(experts, STACKED)
+
+    def rand(*shape):
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16) * 0.02
+
+    stacks = [
+        (rand(experts, inter, hidden), rand(experts, inter, hidden), rand(experts, hidden, inter))
+        for _ in range(LAYERS)
+    ]
+    gen = torch.Generator().manual_seed(0)
+    ids = [torch.randperm(experts, generator=gen)[:top_k][None].int().to(device) for _ in stacks]
+    routing = torch.rand(1, top_k, device=device)
+    x = torch.randn(1, hidden, device=device, dtype=torch.bfloat16)
+    layouts = [align(i, experts) for i in ids]
+    h = torch.empty(top_k, inter, device=device)
+    ys = [torch.empty(hidden, dtype=torch.bfloat16, device=device) for _ in stacks]
+
+    def ours(i: int) -> torch.Tensor:
+        gate, up, down = stacks[i]
+        return grouped_experts(x, routing, ids[i], gate, up, down, layout=layouts[i])
+
+    gate, up, down = (t.float() for t in stacks[0])
+    e = ids[0][0].long()
+    hidden_act = F.silu(x.float() @ gate[e].transpose(1, 2)) * (x.float() @ up[e].transpose(1, 2))
+    h_ref = hidden_act.to(
+        torch.bfloat16
+    ).float()  # [top_k, 1, inter], rounded as the experts round it
+    ref = torch.einsum("s,sdi,si->d", routing[0], down[e], h_ref[:, 0])[None]
+    t = {"ours": checked_us(lambda: [ours(i) for i in range(LAYERS)], lambda: ours(0), ref)}
+    for rows in EXPERT_ROWS:
+
+        def call(i: int, rows=rows) -> torch.Tensor:
+            gate, up, down = stacks[i]
+            grid = (-(-inter // rows), top_k)
+            cuda.launch(f"experts_gate_up_r{rows}", grid, [gate, up, ids[i], x, h, inter, hidden])
+            cuda.launch(
+                f"experts_down_r{rows}",
+                -(-hidden // rows),
+                [down, ids[i], routing, h, ys[i], top_k, hidden, inter],
+            )
+            return ys[i]
+
+        t[f"cuda r{rows}"] = checked_us(
+            lambda call=call: [call(i) for i in range(LAYERS)], lambda call=call: call(0), ref
+        )
+    return {"shape": name, "experts": experts, "top_k": top_k, "us": t}
 
 
 def best(times: dict, prefix: str) -> float | None:
@@ -239,6 +310,17 @@ def main(out: str | None = None) -> None:
             f"{f(best(t, 'bf16 cuda_pdl r'))} | {r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} "
             f"{f(best(t, 'fp8 cuda r'))} {f(best(t, 'fp8 cuda_pdl r'))}"
         )
+    expert_rows = []
+    for name, (experts, top_k, hidden, inter) in EXPERTS.items():
+        row = probe_experts(cuda, name, experts, top_k, hidden, inter, device)
+        row["floor_us"] = 3 * top_k * hidden * inter * 2 / bandwidth * 1e6
+        expert_rows.append(row)
+        print(json.dumps(row), flush=True)
+    print(f"\none token's routed experts (bf16), us a layer in a graph of {LAYERS}")
+    print(f"{'shape':>26} | {'floor':>6} {'ours':>6} {'cuda':>6}")
+    for r in expert_rows:
+        t = r["us"]
+        print(f"{r['shape']:>26} | {r['floor_us']:6.2f} {f(t['ours'])} {f(best(t, 'cuda r'))}")
     if out:
         Path(out).write_text(
             json.dumps(
@@ -247,6 +329,7 @@ def main(out: str | None = None) -> None:
                     "copy_bytes_per_s": bandwidth,
                     "empty_us": empty,
                     "rows": rows,
+                    "experts": expert_rows,
                 },
                 indent=1,
             )
