@@ -16,9 +16,10 @@ single outputs differ from the per-token kernel's by up to ~3e-2 at unit scale (
 tensor ~1e-3; tests/kernels/test_hybrid_kernels.py); the state is carried in float32.
 
 Both only take a run's state at its start and give it at its end, so they serve runs that keep no
-per-token state (no tree, no verify). A padding position of a run keeps the state exactly: its decay
-is exp(0) = 1 and its update is zero (beta = 0 for the delta rule, value 0 for the scan); its output is
-discarded by the caller.
+per-token state (no tree, no verify). A padding position of a run keeps the state exactly, whatever its
+inputs (a captured prefill's padding rows hold what the layer before left there, NaN possibly): its decay is
+exp(0) = 1 and its key and update are zero (k, v and beta for the delta rule, B and the value for the scan);
+its output is discarded by the caller.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ def delta_rule_chunked(
     keep = valid[:, :, None]
     o, final = chunk_gated_delta_rule(
         q,
-        k,
-        v,
+        torch.where(keep[..., None], k, 0.0),
+        torch.where(keep[..., None], v, 0.0),
         torch.where(keep, g, 0.0),
         torch.where(keep, beta, 0.0),
         scale=1.0,
@@ -103,7 +104,7 @@ def ssm_chunked(
     value = torch.where(keep[..., None], dt[..., None] * x, 0.0)  # [runs, len, heads, head_dim]
     y, final = chunk_simple_gla(
         C.contiguous(),
-        B.contiguous(),
+        torch.where(keep[..., None], B, 0.0),
         value,
         g=g,
         scale=1.0,

@@ -526,12 +526,14 @@ def _deltanet_step_kernel(
         beta = tl.sigmoid(b_t)
         x = a_t + bias
         softplus = tl.where(x > SOFTPLUS_THRESHOLD, x, tl.log(1.0 + tl.exp(x)))
-        # a padding token keeps the state: decay 1 and no update (exactly s; no second tile held)
-        beta = tl.where(valid, beta, 0.0)
+        # a padding token keeps the state: decay 1, k 0 and no update, so exactly s whatever its inputs (a
+        # captured prefill's padding rows hold what the layer before left there, NaN possibly, and 0 * NaN
+        # is NaN); no second tile held
+        kt = tl.where(valid, kt, 0.0)
         sn = s * tl.where(valid, tl.exp(neg_a * softplus), 1.0)
         # k @ sn and q @ sn in one reduction; q @ (sn + outer(k, delta)) = q @ sn + (q . k) delta
         kv, qs = tl.split(tl.sum(tl.join(sn * kt[:, None], sn * qt[:, None]), axis=0))  # [BV]
-        delta = (vt - kv) * beta  # [BV]
+        delta = tl.where(valid, (vt - kv) * beta, 0.0)  # [BV]
         sn = sn + kt[:, None] * delta[None, :]
         o = qs + qk * delta  # [BV]
         if SPLITS == 1:

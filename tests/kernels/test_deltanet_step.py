@@ -79,9 +79,10 @@ def pool(layer, seed, dtype=torch.float32, device=DEVICE):
     return states, snapshots
 
 
-def form_metadata(form, state_indices, device):
+def form_metadata(form, state_indices, device, run_lens=None):
     """(attention metadata, RecurrentMetadata) of ``form``'s runs (FORMS), sequence i at state row
-    ``state_indices[i]``."""
+    ``state_indices[i]``; ``run_lens``: each run's tokens that advance its state (the rest padding, as in a
+    captured prefill's chunks), None: all."""
     lengths, start, parents, keep_every, *end = form
     meta = build_paged_metadata(
         [[i] for i in range(len(lengths))], [0] * len(lengths), lengths, 32, device
@@ -92,18 +93,19 @@ def form_metadata(form, state_indices, device):
         None if parents is None else torch.tensor(parents, device=device),
         keep_every,
         end[0] if end else None,
+        None if run_lens is None else torch.tensor(run_lens, device=device),
     )
     return meta, recurrent
 
 
-def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES):
+def step(layer, fused, x, form, states, snapshots, state_indices=STATE_INDICES, run_lens=None):
     """One forward of the layer over ``form``'s runs (FORMS) on copies of the pool, sequence i at state row
-    ``state_indices[i]`` -> (out, states, snapshots)."""
+    ``state_indices[i]`` (``run_lens``: form_metadata's) -> (out, states, snapshots)."""
     states = {k: v.clone() for k, v in states.items()}
     snapshots = {k: v.clone() for k, v in snapshots.items()}
     layer.bind_state(states, snapshots)
     layer.fused_step = fused
-    meta, recurrent = form_metadata(form, state_indices, x.device)
+    meta, recurrent = form_metadata(form, state_indices, x.device, run_lens)
     with torch.no_grad(), forward_context(meta, recurrent=recurrent):
         out = layer(x)
     return out, states, snapshots
@@ -162,6 +164,31 @@ def test_fused_step_equals_the_torch_path(form, layout, shape):
         lengths, start, _, _ = FORMS[form]
         chain = step(layer, False, x, (lengths, start, None, True), states, snapshots)
         assert not torch.allclose(chain[0], want[0], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "fused, splits", [(True, 1), (True, 2), (False, 1)], ids=["fused", "split", "torch"]
+)
+def test_padding_keeps_the_state_whatever_its_rows_hold(fused, splits, monkeypatch):
+    """A captured prefill pads its chunks to one length (RecurrentMetadata.run_lens, engine/prefill_graphs.py),
+    and a padding row holds what the layer before left there: NaN possibly (a recurrent layer's output row
+    that no program writes). The state after each run and its valid outputs equal those of the same runs
+    with zeros in the padding rows (on the GPU a Qwen3-Next prompt's state went NaN so, its tokens all 0)."""
+    monkeypatch.setattr(deltanet_step_kernel, "value_splits", lambda *args: splits)
+    layer = make_layer(True, **SHAPES["wide values, one group" if splits > 1 else "grouped"])
+    form, run_lens = ([4, 4, 4], [True, False, True], None, False), [2, 4, 1]
+    padding = torch.tensor([t >= n for n in run_lens for t in range(4)], device=DEVICE)
+    x = torch.randn(12, 12, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    states, snapshots = pool(layer, 2)
+    clean, poisoned = (
+        step(layer, fused, x.masked_fill(padding[:, None], fill), form, states, snapshots,
+             run_lens=run_lens)
+        for fill in (0.0, float("nan"))
+    )  # fmt: skip
+    torch.testing.assert_close(poisoned[0][~padding], clean[0][~padding], rtol=0, atol=0)
+    for name in clean[1]:
+        assert not clean[1][name].isnan().any()
+        torch.testing.assert_close(poisoned[1][name], clean[1][name], rtol=0, atol=0)
 
 
 # (form, checkpoint layout, shape, programs per value head): every form split, over 2 and 4, in both layouts;

@@ -201,10 +201,18 @@ def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
     """Long prefill runs take flash-linear-attention's chunked kernels (layers/chunked_scans.py): the same
     outputs and final states as the per-token kernels, padding included, to TF32 precision (the chunked
     form's matrix products take float32 inputs as TF32: single elements differ by up to ~3e-2 at unit
-    scale, so the bound is on the relative error of the whole tensor)."""
+    scale, so the bound is on the relative error of the whole tensor). NaN at every input of the padding
+    positions (what a captured prefill's padding rows may hold) changes no bit of the valid outputs or the
+    states."""
 
     def assert_near(got, want):
         assert ((got - want).norm() / want.norm()).item() < 5e-3
+
+    def nan_padding(*tensors):  # each [runs, length, ...]
+        return [
+            t.masked_fill(~valid.view(*valid.shape, *[1] * (t.dim() - 2)), float("nan"))
+            for t in tensors
+        ]
 
     pytest.importorskip("fla")
     from outpace.layers.chunked_scans import use_chunked
@@ -222,6 +230,10 @@ def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
     per_token = gated_delta_rule_run(q, k, v, gate, beta, state, valid, None, False, kernel=True)
     assert_near(chunked[0][valid], per_token[0][valid])  # outputs [valid, ...]
     assert_near(chunked[1], per_token[1])  # final states
+    poisoned = gated_delta_rule_run(*nan_padding(q, k, v, gate, beta), state, valid, None, False)
+    assert torch.equal(poisoned[0][valid], chunked[0][valid]) and torch.equal(
+        poisoned[1], chunked[1]
+    )
     x, dt = r(runs, length, 8, 32), torch.rand(runs, length, 8, generator=g).cuda() * 0.2 + 0.01
     A, B, C, D = (
         -torch.rand(8, generator=g).cuda(),
@@ -234,6 +246,11 @@ def test_chunked_prefill_kernels_match_the_per_token_kernels(lengths):
     per_token = ssm_run(x, dt, A, B, C, D, state, valid, None, False, kernel=True)
     assert_near(chunked[0][valid], per_token[0][valid])
     assert_near(chunked[1], per_token[1])
+    x, dt, B, C = nan_padding(x, dt, B, C)
+    poisoned = ssm_run(x, dt, A, B, C, D, state, valid, None, False)
+    assert torch.equal(poisoned[0][valid], chunked[0][valid]) and torch.equal(
+        poisoned[1], chunked[1]
+    )
 
 
 @pytest.mark.gpu
