@@ -664,7 +664,11 @@ def deltanet_step(
         assert t.is_contiguous()  # the pool's tensors and the conv parameter are allocated so
     for t in (rows.qkv, rows.z, rows.b, rows.a, token_table, recurrent.parents):
         assert t is None or t.stride(-1) == 1  # rows may be strided, their elements not
-    out = rows.qkv.new_empty(rows.qkv.shape[0], v_heads * head_v_dim)
+    # a padded run's padding rows (a captured prefill's: ``run_lens``) get zeros, which no program writes: the
+    # layers after this one then read finite rows there (NaN left in them had reached the next layer's state and
+    # a mixture's routing: tests/kernels/test_hybrid_kernels.py, the greedy tokens on the GPU)
+    alloc = rows.qkv.new_empty if recurrent.run_lens is None else rows.qkv.new_zeros
+    out = alloc(rows.qkv.shape[0], v_heads * head_v_dim)
     invariant = batch_invariant()
     # batch-invariant mode: never split (the split sets the reductions' layout, and it follows the batch)
     splits = 1 if invariant else value_splits(num_seqs, v_heads, head_v_dim, num_sms(out.device))

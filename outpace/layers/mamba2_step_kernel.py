@@ -449,7 +449,9 @@ def mamba2_step(
         raise ValueError(f"{length} verified tokens, the state snapshots hold {ssm_snap.shape[1]}")
     for t in (zxbcdt, conv, ssm, conv_snap, ssm_snap):
         assert t.is_contiguous(), "the kernels address state rows and token rows densely"
-    y = zxbcdt.new_empty(zxbcdt.shape[0], mixer.inner)  # [num_tokens, inner]
+    # zeros in a padded run's padding rows, which no program writes (deltanet_step_kernel.py ``deltanet_step``)
+    alloc = zxbcdt.new_empty if recurrent.run_lens is None else zxbcdt.new_zeros
+    y = alloc(zxbcdt.shape[0], mixer.inner)  # [num_tokens, inner]
     if runs == 0 or length == 0:
         return y
     conv_bias = mixer.conv1d.bias
