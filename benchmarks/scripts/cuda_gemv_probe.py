@@ -150,15 +150,16 @@ class CudaProducts:
         self._check(status, name)
 
 
-def checked_us(calls, first, ref: torch.Tensor) -> float | None:
-    """us a call of ``calls`` in a graph, None where ``first()``'s output is wrong or a launch fails."""
+def checked_us(calls, first, ref: torch.Tensor, count: int = CALLS) -> float | None:
+    """us a call of ``calls()`` (``count`` calls) in a graph, None where ``first()``'s output is wrong or a
+    launch fails."""
     try:
         got = first().float().reshape(ref.shape)
         err = ((got - ref).norm() / ref.norm()).item()
         if not err < 2e-2:
             print(f"    wrong output (relative error {err:.3g})", flush=True)
             return None
-        return graph_us(calls)
+        return graph_us(calls) * CALLS / count  # (graph_us shares the graph among CALLS calls)
     except Exception as e:  # noqa: BLE001 (a probe: one variant's failure must not stop the others)
         print(f"    {type(e).__name__}: {str(e)[:160]}", flush=True)
         return None
@@ -239,7 +240,7 @@ def probe_experts(cuda: CudaProducts, name: str, experts, top_k, hidden, inter, 
         torch.bfloat16
     ).float()  # [top_k, 1, inter], rounded as the experts round it
     ref = torch.einsum("s,sdi,si->d", routing[0], down[e], h_ref[:, 0])[None]
-    t = {"ours": checked_us(lambda: [ours(i) for i in range(LAYERS)], lambda: ours(0), ref)}
+    t = {"ours": checked_us(lambda: [ours(i) for i in range(LAYERS)], lambda: ours(0), ref, LAYERS)}
     for rows in EXPERT_ROWS:
 
         def call(i: int, rows=rows) -> torch.Tensor:
@@ -254,7 +255,10 @@ def probe_experts(cuda: CudaProducts, name: str, experts, top_k, hidden, inter, 
             return ys[i]
 
         t[f"cuda r{rows}"] = checked_us(
-            lambda call=call: [call(i) for i in range(LAYERS)], lambda call=call: call(0), ref
+            lambda call=call: [call(i) for i in range(LAYERS)],
+            lambda call=call: call(0),
+            ref,
+            LAYERS,
         )
     return {"shape": name, "experts": experts, "top_k": top_k, "us": t}
 
