@@ -7,6 +7,8 @@ captured CUDA graph, and its time against the eager path's."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -106,6 +108,37 @@ def test_decode_leaves_the_state_after_each_runs_last_token(shape, lengths):
     rows; the middle run starts from zeros."""
     mixer = make_mixer(*SHAPES[shape])
     assert_step_matches_eager(mixer, lengths, recurrent_metadata([3, 0, 4], [True, False, True]))
+
+
+def test_padding_rows_change_nothing_and_get_finite_outputs(monkeypatch):
+    """A captured prefill pads its chunks to one length (RecurrentMetadata.run_lens), and a padding row holds
+    what the layer before left there, NaN possibly: the valid outputs and the states equal those of zero padding
+    rows, and the padding rows' outputs are finite (the kernel writes none there: its output starts at zeros),
+    so the layers after the mixer read finite rows."""
+    new_empty = torch.Tensor.new_empty  # memory no one wrote holds NaN here
+
+    def nan_filled(self, *args, **kwargs):
+        t = new_empty(self, *args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch.Tensor, "new_empty", nan_filled)
+    mixer = make_mixer(*SHAPES["odd"])
+    run_lens = [2, 4, 1]
+    recurrent = dataclasses.replace(
+        recurrent_metadata([3, 0, 4], [True, False, True]),
+        run_lens=torch.tensor(run_lens, device=DEVICE),
+    )
+    padding = torch.tensor([t >= n for n in run_lens for t in range(4)], device=DEVICE)
+    x = torch.randn(12, mixer.in_proj.weight.shape[1], generator=torch.Generator().manual_seed(1))
+    x = x.to(DEVICE)
+    clean, poisoned = (
+        run_step(mixer, True, x.masked_fill(padding[:, None], fill), [4, 4, 4], recurrent)
+        for fill in (0.0, float("nan"))
+    )
+    torch.testing.assert_close(poisoned[0][~padding], clean[0][~padding], rtol=0, atol=0)
+    assert poisoned[0][padding].isfinite().all()
+    for name in clean[1]:
+        torch.testing.assert_close(poisoned[1][name], clean[1][name], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
