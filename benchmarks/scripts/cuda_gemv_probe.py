@@ -9,6 +9,8 @@ block-FP8 projections: 13.1 us for 25 MB), each timed four ways:
   a step's loads in flight before its products), compiled here with nvcc and launched through the driver
   API on torch's stream, at each rows-a-block setting (the fastest reported), plainly and with programmatic
   dependent launch;
+- triton: the CUDA kernels' structure written in Triton (``_rows_product``), plainly and with programmatic
+  dependent launch: whether Triton's code streams as the CUDA kernel does;
 - empty: a kernel that writes one value, the least a launch costs in such a graph;
 
 and one token's routed experts (bf16, SiLU-gated: gate/up, then down and the weighted sum over slots) by ours
@@ -32,6 +34,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fp8_projection_settings import graph_us  # noqa: E402
@@ -39,6 +43,7 @@ from fp8_projection_settings import graph_us  # noqa: E402
 from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.fused_projection import project_rows  # noqa: E402
 from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
+from outpace.layers.pdl import pdl_enter, pdl_launch_options, prefetch_l2  # noqa: E402
 from outpace.layers.quant import quant_matmul_kernel as qm  # noqa: E402
 from outpace.layers.quant.dequantize import dequantize_fp8_block, quantize_fp8_block  # noqa: E402
 
@@ -55,6 +60,61 @@ SHAPES = {  # name: (N, K)
     "qwen3-next in_proj_qkvz": (12288, 2048),
     "llama-8b down_proj": (4096, 14336),
 }
+
+
+@triton.jit
+def _rows_product(
+    w, scale, x, y, N, K, scale_columns,
+    ROWS: tl.constexpr, BK: tl.constexpr, FP8: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The CUDA kernels' structure in Triton: a program owns ROWS weight rows and reads their whole K, BK
+    columns a step ([ROWS, BK] loads, spread over its threads 16 bytes each), products on the CUDA cores,
+    one sum along K at the end. FP8: block FP8 (128 x 128 scales, each 128-column group's sum scaled)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < N
+    if PDL:  # the first step's weight lines into L2 while the kernel before drains (the weight is no output)
+        line = 128 if FP8 else 64  # weight values a 128-byte line
+        ks = tl.arange(0, BK // line) * line
+        first = w + rows[:, None].to(tl.int64) * K + ks[None, :]
+        prefetch_l2(tl.where(row_ok[:, None] & (ks < K)[None, :], first, w))
+    pdl_enter(PDL)
+    if FP8:
+        acc = tl.zeros([ROWS, BK // 128], tl.float32)
+    else:
+        acc = tl.zeros([ROWS, BK], tl.float32)
+    for k0 in range(0, K, BK):
+        ks = k0 + tl.arange(0, BK)
+        k_ok = ks < K
+        wt = tl.load(
+            w + rows[:, None].to(tl.int64) * K + ks[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+            eviction_policy="evict_first",
+        )
+        xt = tl.load(x + ks, mask=k_ok, other=0.0).to(tl.float32)
+        prod = wt.to(tl.float32) * xt[None, :]  # [ROWS, BK]
+        if FP8:
+            groups = k0 // 128 + tl.arange(0, BK // 128)
+            s = tl.load(
+                scale + (rows // 128)[:, None] * scale_columns + groups[None, :],
+                mask=row_ok[:, None] & (groups < scale_columns)[None, :],
+                other=0.0,
+            )
+            acc += tl.sum(tl.reshape(prod, [ROWS, BK // 128, 128]), axis=2) * s
+        else:
+            acc += prod
+    tl.store(y + rows, tl.sum(acc, axis=1).to(y.dtype.element_ty), mask=row_ok)
+
+
+def triton_rows(w, scale, x, y, rows: int, pdl: bool, fp8: bool) -> torch.Tensor:
+    """``_rows_product`` with 8 warps and BK = 8 warps x 32 threads x 16 bytes (2048 bf16 or 4096 fp8 values)."""
+    n, k = w.shape
+    bk = min(4096 if fp8 else 2048, triton.next_power_of_2(k))
+    _rows_product[(triton.cdiv(n, rows),)](
+        w, scale if fp8 else w, x, y, n, k, scale.shape[1] if fp8 else 0,
+        ROWS=rows, BK=bk, FP8=fp8, PDL=pdl, num_warps=8, **pdl_launch_options(pdl),
+    )  # fmt: skip
+    return y
 
 
 # CUDA's driver API structs for cuLaunchKernelEx (cuda.h): one launch attribute, programmatic stream
@@ -203,6 +263,16 @@ def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
             cuda.launch(f"gemv_fp8{tag}_r{rows}", grid, [w, s, x, ys[i], n, k], pdl)
             return ys[i]
 
+        def bf16_triton(i: int, rows=rows, pdl=pdl) -> torch.Tensor:
+            return triton_rows(bf16[i], None, x, ys[i], rows, pdl, False)
+
+        def fp8_triton(i: int, rows=rows, pdl=pdl) -> torch.Tensor:
+            return triton_rows(fp8[i][0], fp8[i][1], x, ys[i], rows, pdl, True)
+
+        for dtype, f in (("bf16", bf16_triton), ("fp8", fp8_triton)):
+            t[f"{dtype} triton{tag} r{rows}"] = checked_us(
+                lambda f=f: [f(i) for i in range(CALLS)], lambda f=f: f(0), ref
+            )
         for dtype, f in (("bf16", bf16_call), ("fp8", fp8_call)):
             t[f"{dtype} cuda{tag} r{rows}"] = checked_us(
                 lambda f=f: [f(i) for i in range(CALLS)], lambda f=f: f(0), ref
@@ -299,8 +369,8 @@ def main(out: str | None = None) -> None:
         f"\nus a call in a graph of {CALLS} (floor: bytes over the copy bandwidth; cuda: the best rows a block)"
     )
     print(
-        f"{'shape':>26} | {'bf16 floor':>10} {'ours':>6} {'noPDL':>6} {'torch':>6} {'cuda':>6} {'PDL':>6} | "
-        f"{'fp8 floor':>9} {'ours':>6} {'cuda':>6} {'PDL':>6}"
+        f"{'shape':>26} | {'bf16 floor':>10} {'ours':>6} {'noPDL':>6} {'torch':>6} {'cuda':>6} {'PDL':>6} "
+        f"{'triton':>6} {'PDL':>6} | {'fp8 floor':>9} {'ours':>6} {'cuda':>6} {'PDL':>6} {'triton':>6} {'PDL':>6}"
     )
 
     def f(v):
@@ -311,8 +381,9 @@ def main(out: str | None = None) -> None:
         print(
             f"{r['shape']:>26} | {r['floor_bf16_us']:10.2f} {f(t['bf16 ours'])} "
             f"{f(t['bf16 ours, no PDL'])} {f(t['bf16 torch'])} {f(best(t, 'bf16 cuda r'))} "
-            f"{f(best(t, 'bf16 cuda_pdl r'))} | {r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} "
-            f"{f(best(t, 'fp8 cuda r'))} {f(best(t, 'fp8 cuda_pdl r'))}"
+            f"{f(best(t, 'bf16 cuda_pdl r'))} {f(best(t, 'bf16 triton r'))} {f(best(t, 'bf16 triton_pdl r'))} | "
+            f"{r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} {f(best(t, 'fp8 cuda r'))} "
+            f"{f(best(t, 'fp8 cuda_pdl r'))} {f(best(t, 'fp8 triton r'))} {f(best(t, 'fp8 triton_pdl r'))}"
         )
     expert_rows = []
     for name, (experts, top_k, hidden, inter) in EXPERTS.items():
