@@ -28,10 +28,12 @@ standalone draft.
 
 Models with recurrent layers (Qwen3-Next, Qwen3.5, Nemotron-H) replay their chunks too: the recurrent layers take
 each padded chunk's real length (``RecurrentMetadata.run_lens``), so its padding tokens leave the request's state
-as it is. Below the chunked scans' length (layers/chunked_scans.py ``CHUNKED_MIN_LEN``) the per-token scans and
-the step kernels keep the state at invalid tokens; from it on, flash-linear-attention's chunked kernels run in
-their batched form (one run a chunk, no ``cu_seqlens``: nothing read back to the host), where an invalid token
-decays by exp(0) and adds nothing. On the widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost 63 ms
+as it is, whatever their rows hold. Below the chunked scans' length (layers/chunked_scans.py ``CHUNKED_MIN_LEN``)
+the per-token scans and the step kernels keep the state at invalid tokens; from it on, flash-linear-attention's
+chunked kernels run in their batched form (one run a chunk, no ``cu_seqlens``: nothing read back to the host),
+where an invalid token decays by exp(0) and adds nothing. The step kernels write no padding row, so their output
+starts at zeros there: the layers after them read finite rows (NaN left in the graph's memory had made a padding
+token's update 0 * NaN, Qwen3-Next's state NaN and its tokens 0; benchmarks/results/gpu_2026-12-06). On the widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost 63 ms
 beyond its steady steps when every hybrid prefill ran eagerly.
 
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
