@@ -33,8 +33,9 @@ the per-token scans and the step kernels keep the state at invalid tokens; from 
 chunked kernels run in their batched form (one run a chunk, no ``cu_seqlens``: nothing read back to the host),
 where an invalid token decays by exp(0) and adds nothing. The step kernels write no padding row, so their output
 starts at zeros there: the layers after them read finite rows (NaN left in the graph's memory had made a padding
-token's update 0 * NaN, Qwen3-Next's state NaN and its tokens 0; benchmarks/results/gpu_2026-12-06). On the widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost 63 ms
-beyond its steady steps when every hybrid prefill ran eagerly.
+token's update 0 * NaN, Qwen3-Next's state NaN and its tokens 0; benchmarks/results/gpu_2026-12-06). On the
+widened Qwen3.5 (H100, gpu_2026-12-05e call 15) a request cost 63 ms beyond its steady steps when every hybrid
+prefill ran eagerly.
 
 Multi-head latent attention switches to its expanded form, which gathers each sequence's whole block
 table, from some query-run length on (layers/mla.py): a captured chunk's table is the row's full width,
