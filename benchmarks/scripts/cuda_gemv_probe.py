@@ -24,6 +24,7 @@ much faster than ours, the batch-1 gap is Triton's code, not the hardware's late
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -40,6 +41,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).parent))
 from fp8_projection_settings import graph_us  # noqa: E402
 
+from outpace.layers import fused_projection  # noqa: E402
 from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.fused_projection import project_rows  # noqa: E402
 from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
@@ -73,10 +75,10 @@ def _rows_product(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < N
     if PDL:  # the first step's weight lines into L2 while the kernel before drains (the weight is no output)
-        line = 128 if FP8 else 64  # weight values a 128-byte line
-        ks = tl.arange(0, BK // line) * line
-        first = w + rows[:, None].to(tl.int64) * K + ks[None, :]
-        prefetch_l2(tl.where(row_ok[:, None] & (ks < K)[None, :], first, w))
+        LINE: tl.constexpr = 128 if FP8 else 64  # weight values a 128-byte line
+        lines = tl.arange(0, BK // LINE) * LINE
+        first = w + rows[:, None].to(tl.int64) * K + lines[None, :]
+        prefetch_l2(tl.where(row_ok[:, None] & (lines < K)[None, :], first, w))
     pdl_enter(PDL)
     if FP8:
         acc = tl.zeros([ROWS, BK // 128], tl.float32)
@@ -251,6 +253,17 @@ def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
         lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK),
         ref,
     )
+    with _setting(qm, "one_row_streams", False):
+        t["fp8 ours, no streams"] = checked_us(
+            lambda: [qm.quant_matmul(x, w, s, "fp8_block", BLOCK) for w, s in fp8],
+            lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK),
+            ref,
+        )
+    with _setting(fused_projection, "one_row_plain_max_values", None):
+        t["bf16 ours, fused tiles"] = checked_us(
+            lambda: [project_rows(x, w) for w in bf16], lambda: project_rows(x, bf16[0]), ref
+        )
+    t.update(stream_settings(x, bf16, fp8, ref))
     for rows, pdl in itertools.product(ROWS, (False, True)):
         grid, tag = -(-n // rows), "_pdl" if pdl else ""
 
@@ -278,6 +291,38 @@ def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
                 lambda f=f: [f(i) for i in range(CALLS)], lambda f=f: f(0), ref
             )
     return {"shape": name, "n": n, "k": k, "us": t}
+
+
+@contextlib.contextmanager
+def _setting(module, name: str, value):
+    shipped = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, shipped)
+
+
+def stream_settings(x, bf16, fp8, ref) -> dict[str, float | None]:
+    """Ours in row streams (quant_matmul_kernel.py ``one_row_streams``) at other rows a program and K steps:
+    "{dtype} streams r{rows} k{BK}" (bf16: the quantized product's plain format "none")."""
+    k = x.shape[1]
+    t = {}
+    for rows, bk in itertools.product((2, 4, 8), (1024, 2048, 4096)):
+        if bk > triton.next_power_of_2(k):
+            continue
+        tiles = qm.QuantTiles(1, rows, bk, 1, triton.cdiv(k, bk) * bk, 8, 1)
+        t[f"bf16 streams r{rows} k{bk}"] = checked_us(
+            lambda: [qm.quant_matmul(x, w, w, "none", (1, 1), tiles) for w in bf16],
+            lambda: qm.quant_matmul(x, bf16[0], bf16[0], "none", (1, 1), tiles),
+            ref,
+        )
+        t[f"fp8 streams r{rows} k{bk}"] = checked_us(
+            lambda: [qm.quant_matmul(x, w, s, "fp8_block", BLOCK, tiles) for w, s in fp8],
+            lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK, tiles),
+            ref,
+        )
+    return t
 
 
 def probe_experts(cuda: CudaProducts, name: str, experts, top_k, hidden, inter, device) -> dict:
@@ -385,6 +430,26 @@ def main(out: str | None = None) -> None:
             f"{r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} {f(best(t, 'fp8 cuda r'))} "
             f"{f(best(t, 'fp8 cuda_pdl r'))} {f(best(t, 'fp8 triton r'))} {f(best(t, 'fp8 triton_pdl r'))}"
         )
+    print(
+        "\nours before (bf16: the fused tiles; fp8: no row streams), shipped, and the best row streams, us a call"
+    )
+    print(
+        f"{'shape':>26} | {'bf16 before':>11} {'ours':>6} {'best':>6} {'at':>9} | {'fp8 before':>10} {'ours':>6} "
+        f"{'best':>6} {'at':>9}"
+    )
+    for r in rows:
+        t = r["us"]
+        cells = []
+        for dtype, before in (("bf16", "bf16 ours, fused tiles"), ("fp8", "fp8 ours, no streams")):
+            streams = {
+                s: v for s, v in t.items() if s.startswith(f"{dtype} streams") and v is not None
+            }
+            at = min(streams, key=streams.get, default=None)
+            cells.append(
+                f"{f(t[before]):>11} {f(t[f'{dtype} ours'])} {f(streams.get(at))} "
+                f"{(at or '-').split('streams ')[-1]:>9}"
+            )
+        print(f"{r['shape']:>26} | {cells[0]} | {cells[1]}")
     expert_rows = []
     for name, (experts, top_k, hidden, inter) in EXPERTS.items():
         row = probe_experts(cuda, name, experts, top_k, hidden, inter, device)

@@ -64,6 +64,8 @@ KNOBS = {
     "narrow_stages": (fused_projection, "narrow_stages"),
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
+    "one_row_streams": (quant_matmul_kernel, "one_row_streams"),
+    "one_row_plain_max_values": (fused_projection, "one_row_plain_max_values"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
@@ -522,3 +524,22 @@ def main(out: str, *sweep_names: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+# one row in row streams (quant_matmul_kernel.one_row_streams: whole weight rows a program, K unsplit; fp8 weights
+# and plain ones up to fused_projection.one_row_plain_max_values values), shipped, against the rules before them:
+# the one-row / wide fp8 tiles and the fused kernels' 16-row tiles
+SWEEPS |= _on_shapes(
+    "row_streams_",
+    ((1, 512),),
+    ({}, {"one_row_streams": False, "one_row_plain_max_values": None}),
+    (
+        ("v2", "deepseek-v2-lite", None),
+        ("v2_fp8", "deepseek-v2-lite", "fp8"),
+        ("qwen3", "qwen3-30b-a3b", None),
+        ("qwen3next", "qwen3-next-80b-slice", None),
+        ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+        ("qwen35", "qwen3.5", None),
+        ("gemma3", "gemma-3-12b", None),
+        ("step_fp8", "step-3.5-flash-slice", "fp8"),
+        ("llama", "llama-3.1-8b", None),
+    ),
+)

@@ -254,15 +254,16 @@ def test_plan_takes_one_row_on_the_cuda_cores_for_quantized_weights_outside_batc
 
 
 def test_one_row_of_a_weight_that_fills_the_gpu_takes_the_wide_tiles():
-    """``one_row_wide_tiles``, when on (8 columns a program, 2048-column K steps, K unsplit), where their column blocks alone
-    give 1.5 programs an SM (4 where K takes two steps or more), at an H200's 132 SMs: Step-3.5's q_proj, Qwen3-Next's
-    in_proj, DeepSeek-V2-Lite's q and o; not Qwen3-Next's out_proj (2048 x 4096), kv_a (576 rows), a K under one step,
-    INT4, two rows, batch-invariant mode or the tiles off."""
+    """``one_row_wide_tiles``, when on and the row streams off (8 columns a program, 2048-column K steps, K unsplit),
+    where their column blocks alone give 1.5 programs an SM (4 where K takes two steps or more), at an H200's 132 SMs:
+    Step-3.5's q_proj, Qwen3-Next's in_proj, DeepSeek-V2-Lite's q and o; not Qwen3-Next's out_proj (2048 x 4096), kv_a
+    (576 rows), a K under one step, INT4, two rows, batch-invariant mode or the tiles off."""
     device = torch.device(DEVICE)
     wide = quant_matmul_kernel.ONE_ROW_WIDE_TILES
     with (
         patch.object(quant_matmul_kernel, "num_sms", lambda device: 132),
         patch.object(quant_matmul_kernel, "one_row_wide_tiles", wide),
+        patch.object(quant_matmul_kernel, "one_row_streams", False),
     ):
         for n, k in ((6144, 4096), (12352, 2048), (3072, 2048), (2048, 2048)):
             tiles = plan(1, n, k, "fp8_block", 128, device)

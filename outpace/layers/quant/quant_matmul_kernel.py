@@ -35,7 +35,9 @@ through shared memory and feeds mma.sync with 15 rows of zeros: about 200 instru
 a 32 x 128 fp8 tile (sm_90 PTX, gpu_2026-12-03f), so it read an fp8 weight no faster than a bf16 one of
 twice its bytes (DeepSeek-V2-Lite's o 2048 x 2048: 6.7 us against a floor of 0.87; gpu_2026-12-01g call 1).
 An INT4 weight of at most ``ONE_ROW_MAX_INT4_K`` columns takes the one-row tile too, each nibble turned into
-float32 in place with no conversion instruction (``_int4_row_part``).
+float32 in place with no conversion instruction (``_int4_row_part``). Row streams (``one_row_streams``, shipped): a
+one-row fp8 product, and one row of a plain half-precision weight that layers/fused_projection.py hands over (format
+"none", with its epilogue), takes a few whole weight rows a program, K unsplit, every load of a step in flight.
 
 INT4 K steps: where K is a whole number of them (``K_TILED``, the launch's), the PTX path masks its words and
 scales by rows alone, so they load as vectors that the software pipeline streams; masked along K, each thread's
@@ -117,6 +119,20 @@ ONE_ROW_MAX_K = 4096
 # 0.670 / 0.646, the Step-3.5 slice 1.293 / 1.251, DeepSeek-V2-Lite 1.817 / 1.781. None turns them off.
 ONE_ROW_WIDE_TILES = (8, 2048, 8, 1)
 one_row_wide_tiles: tuple[int, int, int, int] | None = ONE_ROW_WIDE_TILES
+# ... unless ``one_row_streams`` is set: then every one-row fp8 product of at most ONE_ROW_MAX_K columns, and the
+# one-row products of plain half-precision weights (format "none") that layers/fused_projection.py hands over
+# (``one_row_plain_max_values``), take "row streams" (``_row_stream_tiles``): a program reads a few whole weight rows,
+# BK columns a step, K never split, 8 warps; BK the columns rounded up to a power of two (at most the format's
+# most), the rows a program as many as make ``step bytes`` a step (2 to 8). The shape of a plain CUDA kernel that
+# reads each row's whole K from one block with all its loads in flight (benchmarks/scripts/cuda_gemv_probe.py, call
+# 38 of gpu_2026-12-06 on an H100, us a call in a graph of 8, against the shipped rule: block FP8 DeepSeek-V2-Lite's
+# kv_a 576 x 2048 3.2 / 4.85 and o 2048 x 2048 4.4 / 5.4, Qwen3-30B-A3B's o_proj 2048 x 4096 5.8 / 7.8, Step-3.5's
+# q_proj 6144 x 4096 11.5 / 12.6; bf16 against layers/fused_rows_kernel.py's 16-row tiles, kv_a 3.4 / 5.1, o 5.4 /
+# 6.3, o_proj 8.7 / 9.5; the plain CUDA kernel with programmatic dependent launch a further 0.5-0.8 us faster).
+# {format: (step bytes, most columns a K step)}
+ROW_STREAMS = {"fp8_block": (16384, 4096), "fp8_tensor": (16384, 4096), "none": (8192, 2048)}
+one_row_streams = True
+_STREAM_PARTS = 256  # column blocks a row-stream launch has at most where 8 rows a program allow it
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
 # on the CUDA cores against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row, gpu_2026-12-04b call 5),
 # us: Kimi-K2's expert gate/up 4096 x 7168 20.0 / 25.6, down 7168 x 2048 14.6 / 16.9, DeepSeek-V3's o 7168 x 16384
@@ -199,6 +215,8 @@ def _quant_matmul_kernel(
     if PREFETCH_LINES > 0:
         if FORMAT == "int4_group":  # int32 words of 8 nibbles: half a byte a column
             first, row_bytes, stride_bytes = k_start // 2, K // 2, stride_wn * 4
+        elif FORMAT == "none":  # half precision
+            first, row_bytes, stride_bytes = k_start * 2, K * 2, stride_wn * 2
         else:
             first, row_bytes, stride_bytes = k_start, K, stride_wn
         lines = (
@@ -372,16 +390,29 @@ class QuantTiles:
         return (triton.cdiv(m, self.block_m), triton.cdiv(n, self.block_n), self.splits)
 
 
-def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.device) -> QuantTiles:
-    """Tiles for an [m, k] x [n, k] product in ``fmt`` whose scales cover ``scale_block_k`` columns. Few
-    rows: fp8 32 columns a program (64 from 16384 columns) and 128 columns a K step (16-byte loads of a row),
-    INT4 64 columns a program and 128 a step (or the group); K split as ``few_row_tiles`` says. Up to 16 rows of an
-    fp8 weight of ``_WIDE_FP8_WEIGHT`` values or more: 64 columns a program, 256 a K step, 3 stages, 4
-    programs an SM (``_wide_fp8_tiles``)."""
+def plan(
+    m: int,
+    n: int,
+    k: int,
+    fmt: str,
+    scale_block_k: int,
+    device: torch.device,
+    next_norm: bool = False,
+) -> QuantTiles:
+    """Tiles for an [m, k] x [n, k] product in ``fmt`` whose scales cover ``scale_block_k`` columns (``next_norm``:
+    whose epilogue readies a next norm). Few rows: fp8 32 columns a program (64 from 16384 columns) and 128 columns a
+    K step (16-byte loads of a row), INT4 64 columns a program and 128 a step (or the group); K split as
+    ``few_row_tiles`` says. Up to 16 rows of an fp8 weight of ``_WIDE_FP8_WEIGHT`` values or more: 64 columns a
+    program, 256 a K step, 3 stages, 4 programs an SM (``_wide_fp8_tiles``). One row: row streams
+    (``one_row_streams``) or the one-row tiles (ONE-ROW)."""
     int4 = fmt == "int4_group"
+    if fmt == "none":
+        return _row_stream_tiles(n, k, fmt, next_norm)
     if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
         m = 1
     elif m == 1 and one_row_cuda_cores and k <= one_row_max_k(fmt):
+        if one_row_streams and not int4:
+            return _row_stream_tiles(n, k, fmt, next_norm)
         wide = _one_row_wide_tiles(n, k, fmt, device)
         if wide is not None:
             return wide
@@ -415,6 +446,25 @@ def plan(m: int, n: int, k: int, fmt: str, scale_block_k: int, device: torch.dev
         num_warps=4,
         num_stages=4 if m <= 32 else 3,
     )
+
+
+def _row_stream_tiles(n: int, k: int, fmt: str, next_norm: bool) -> QuantTiles:
+    """One row's product of an [n, k] weight in row streams (``one_row_streams``): whole weight rows a program, K
+    unsplit. At least 2 rows a program (SwiGLU: a gate and an up row); readying a next norm, at least n /
+    ``_STREAM_PARTS`` up to 8: its partial sums of squares, one a program, are what the kernel after it loads whole
+    (``row_rstd``)."""
+    step_bytes, most_k = ROW_STREAMS[fmt]
+    block_k = min(triton.next_power_of_2(k), most_k)
+    rows = int(step_bytes // (block_k * _value_bytes(fmt)))
+    least = triton.next_power_of_2(triton.cdiv(n, _STREAM_PARTS)) if next_norm else 2
+    rows = min(8, max(rows, 2, least))
+    k_per_split = triton.cdiv(k, block_k) * block_k
+    return QuantTiles(1, rows, block_k, 1, k_per_split, num_warps=8, num_stages=1)
+
+
+def _value_bytes(fmt: str) -> float:
+    """Bytes a weight value of ``fmt`` takes in memory (plain weights: half precision)."""
+    return {"none": 2, "int4_group": 0.5}.get(fmt, 1)
 
 
 def _one_row_wide_tiles(n: int, k: int, fmt: str, device: torch.device) -> QuantTiles | None:
@@ -492,14 +542,19 @@ def quant_matmul(
 ) -> torch.Tensor:
     """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype ([M, N / 2] with
     ``epilogue.swiglu``; into ``out``, rows of any stride, when given), W the weight ``weight`` with ``scale``
-    in format ``fmt`` (module docstring),
+    in format ``fmt`` (module docstring) or "none", a plain weight of x's dtype whose one row's product takes the
+    row streams (``one_row_streams``; ``scale`` unused),
     ``scale_block`` the (rows, columns) one scale covers: (bn, bk) for fp8_block, (1, group) for int4_group,
-    unused for fp8_tensor; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
+    unused for fp8_tensor and none; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
     The callers (fp8_linear_kernel.py, int4_linear_kernel.py, layers/fused_projection.py) check the shapes."""
-    if fmt not in FORMATS:
+    if fmt not in FORMATS + ("none",):
         raise ValueError(f"quantized weights come as {', '.join(FORMATS)}, not {fmt!r}")
     m, k = x.shape
     n = weight.shape[0]
+    if fmt == "none" and (m > 1 or weight.dtype != x.dtype):
+        raise ValueError(
+            f"a plain weight ({weight.dtype}) takes the one-row product of rows of its dtype, not {m} of {x.dtype}"
+        )
     if epilogue is not None and m > FEW_ROWS:
         raise ValueError(
             f"an epilogue finishes a few-row product (at most {FEW_ROWS} rows), not {m}"
@@ -515,7 +570,8 @@ def quant_matmul(
     if m == 0:
         return out
     x = x if x.stride(1) == 1 else x.contiguous()
-    t = tiles or plan(m, n, k, fmt, scale_block[1], x.device)
+    readies = epilogue is not None and epilogue.next_norm is not None
+    t = tiles or plan(m, n, k, fmt, scale_block[1], x.device, next_norm=readies)
     if (
         fmt != "fp8_tensor"
         and t.block_k % scale_block[1]
@@ -549,7 +605,7 @@ def column_blocks(
 ) -> int:
     """The output column blocks of ``quant_matmul``'s launch over [m, k] x [n, k] (``plan``'s tiles): the parts of
     the sums of squares a ``RowEpilogue.next_norm`` writes."""
-    return triton.cdiv(n, plan(m, n, k, fmt, scale_block_k, device).block_n)
+    return triton.cdiv(n, plan(m, n, k, fmt, scale_block_k, device, next_norm=True).block_n)
 
 
 def one_row_max_k(fmt: str) -> int:
@@ -612,7 +668,7 @@ def _launch(
         partial = counters = out  # not read
     scale_2d = scale.reshape(1, 1) if fmt == "fp8_tensor" else scale
     pdl = pdl_available(x.device)
-    row_bytes = t.k_per_split // (2 if fmt == "int4_group" else 1)
+    row_bytes = int(t.k_per_split * _value_bytes(fmt))
     _quant_matmul_kernel[grid](
         x,
         weight,
