@@ -1,9 +1,10 @@
 """How fast can a weight be streamed at batch 1 outside Triton? The one-row products of the shapes whose
 kernels read far under the floor (issue 43's batch-1 MoE layers: o_proj's 16.8 MB at 1.9 TB/s; issue 44's
-block-FP8 projections: 13.1 us for 25 MB), each timed four ways:
+block-FP8 projections: 13.1 us for 25 MB), each timed these ways:
 
 - ours: the shipped few-row kernels (bf16: layers/fused_projection.py ``project_rows``, with programmatic
-  dependent launch and without; block FP8: layers/quant/quant_matmul_kernel.py ``quant_matmul``);
+  dependent launch and without; block FP8: layers/quant/quant_matmul_kernel.py ``quant_matmul``, with its row
+  streams and without, and in row streams of other rows a program and K steps);
 - torch: ``F.linear`` on the bf16 weight (cuBLAS);
 - cuda: the plain CUDA products of cuda_gemv_probe.cu (16-byte loads, a block of 256 threads a few rows,
   a step's loads in flight before its products), compiled here with nvcc and launched through the driver
@@ -41,7 +42,6 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).parent))
 from fp8_projection_settings import graph_us  # noqa: E402
 
-from outpace.layers import fused_projection  # noqa: E402
 from outpace.layers.expert_blocks import align  # noqa: E402
 from outpace.layers.fused_projection import project_rows  # noqa: E402
 from outpace.layers.grouped_experts import grouped_experts  # noqa: E402
@@ -259,11 +259,7 @@ def probe_shape(cuda: CudaProducts, name: str, n: int, k: int, device) -> dict:
             lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK),
             ref,
         )
-    with _setting(fused_projection, "one_row_plain_max_values", None):
-        t["bf16 ours, fused tiles"] = checked_us(
-            lambda: [project_rows(x, w) for w in bf16], lambda: project_rows(x, bf16[0]), ref
-        )
-    t.update(stream_settings(x, bf16, fp8, ref))
+    t.update(stream_settings(x, fp8, ref))
     for rows, pdl in itertools.product(ROWS, (False, True)):
         grid, tag = -(-n // rows), "_pdl" if pdl else ""
 
@@ -303,20 +299,15 @@ def _setting(module, name: str, value):
         setattr(module, name, shipped)
 
 
-def stream_settings(x, bf16, fp8, ref) -> dict[str, float | None]:
+def stream_settings(x, fp8, ref) -> dict[str, float | None]:
     """Ours in row streams (quant_matmul_kernel.py ``one_row_streams``) at other rows a program and K steps:
-    "{dtype} streams r{rows} k{BK}" (bf16: the quantized product's plain format "none")."""
+    "fp8 streams r{rows} k{BK}"."""
     k = x.shape[1]
     t = {}
     for rows, bk in itertools.product((2, 4, 8), (1024, 2048, 4096)):
         if bk > triton.next_power_of_2(k):
             continue
         tiles = qm.QuantTiles(1, rows, bk, 1, triton.cdiv(k, bk) * bk, 8, 1)
-        t[f"bf16 streams r{rows} k{bk}"] = checked_us(
-            lambda: [qm.quant_matmul(x, w, w, "none", (1, 1), tiles) for w in bf16],
-            lambda: qm.quant_matmul(x, bf16[0], bf16[0], "none", (1, 1), tiles),
-            ref,
-        )
         t[f"fp8 streams r{rows} k{bk}"] = checked_us(
             lambda: [qm.quant_matmul(x, w, s, "fp8_block", BLOCK, tiles) for w, s in fp8],
             lambda: qm.quant_matmul(x, fp8[0][0], fp8[0][1], "fp8_block", BLOCK, tiles),
@@ -430,26 +421,16 @@ def main(out: str | None = None) -> None:
             f"{r['floor_fp8_us']:9.2f} {f(t['fp8 ours'])} {f(best(t, 'fp8 cuda r'))} "
             f"{f(best(t, 'fp8 cuda_pdl r'))} {f(best(t, 'fp8 triton r'))} {f(best(t, 'fp8 triton_pdl r'))}"
         )
-    print(
-        "\nours before (bf16: the fused tiles; fp8: no row streams), shipped, and the best row streams, us a call"
-    )
-    print(
-        f"{'shape':>26} | {'bf16 before':>11} {'ours':>6} {'best':>6} {'at':>9} | {'fp8 before':>10} {'ours':>6} "
-        f"{'best':>6} {'at':>9}"
-    )
+    print("\nfp8: ours without row streams, shipped, and the best row streams, us a call")
+    print(f"{'shape':>26} | {'before':>6} {'ours':>6} {'best':>6} {'at':>9}")
     for r in rows:
         t = r["us"]
-        cells = []
-        for dtype, before in (("bf16", "bf16 ours, fused tiles"), ("fp8", "fp8 ours, no streams")):
-            streams = {
-                s: v for s, v in t.items() if s.startswith(f"{dtype} streams") and v is not None
-            }
-            at = min(streams, key=streams.get, default=None)
-            cells.append(
-                f"{f(t[before]):>11} {f(t[f'{dtype} ours'])} {f(streams.get(at))} "
-                f"{(at or '-').split('streams ')[-1]:>9}"
-            )
-        print(f"{r['shape']:>26} | {cells[0]} | {cells[1]}")
+        streams = {s: v for s, v in t.items() if s.startswith("fp8 streams") and v is not None}
+        at = min(streams, key=streams.get, default=None)
+        print(
+            f"{r['shape']:>26} | {f(t['fp8 ours, no streams'])} {f(t['fp8 ours'])} {f(streams.get(at))} "
+            f"{(at or '-').split('streams ')[-1]:>9}"
+        )
     expert_rows = []
     for name, (experts, top_k, hidden, inter) in EXPERTS.items():
         row = probe_experts(cuda, name, experts, top_k, hidden, inter, device)

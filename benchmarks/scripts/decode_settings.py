@@ -65,7 +65,6 @@ KNOBS = {
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
     "one_row_streams": (quant_matmul_kernel, "one_row_streams"),
-    "one_row_plain_max_values": (fused_projection, "one_row_plain_max_values"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
@@ -276,12 +275,12 @@ SWEEPS = {
         ({}, {"one_token_cuda_cores": False, "one_row_cuda_cores": False}),
         (("v3_fp8", "deepseek-v3-slice", "fp8"), ("step_fp8", "step-3.5-flash-slice", "fp8")),
     ),
-    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles, shipped)
-    # or in the one-row tiles
+    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles) or in the
+    # one-row tiles, the row streams off (which take every one-row fp8 product where they are on)
     **_on_shapes(
         "one_row_wide_",
         ((1, 512),),
-        ({}, {"one_row_wide_tiles": None}),
+        ({"one_row_streams": False}, {"one_row_streams": False, "one_row_wide_tiles": None}),
         (
             ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
             ("v2_fp8", "deepseek-v2-lite", "fp8"),
@@ -435,6 +434,19 @@ SWEEPS |= _on_shapes(
         ("gemma3", "gemma-3-12b", None),
     ),
 )
+# one row of an fp8 weight in row streams (quant_matmul_kernel.one_row_streams: whole weight rows a program, K unsplit;
+# shipped) or the one-row / wide tiles before them. gpu_2026-12-06 call 40 ran these sweeps on 7 shapes when the knob
+# had a bf16 twin (fused_projection's one-row plain products in these tiles, since removed: it lost on every bf16 shape)
+SWEEPS |= _on_shapes(
+    "row_streams_",
+    ((1, 512), (8, 512)),
+    ({}, {"one_row_streams": False}),
+    (
+        ("v2_fp8", "deepseek-v2-lite", "fp8"),
+        ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+        ("step_fp8", "step-3.5-flash-slice", "fp8"),
+    ),
+)
 
 
 def _config(sweep: Sweep) -> dict:
@@ -524,22 +536,3 @@ def main(out: str, *sweep_names: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-# one row in row streams (quant_matmul_kernel.one_row_streams: whole weight rows a program, K unsplit; fp8 weights
-# and plain ones up to fused_projection.one_row_plain_max_values values), shipped, against the rules before them:
-# the one-row / wide fp8 tiles and the fused kernels' 16-row tiles
-SWEEPS |= _on_shapes(
-    "row_streams_",
-    ((1, 512),),
-    ({}, {"one_row_streams": False, "one_row_plain_max_values": None}),
-    (
-        ("v2", "deepseek-v2-lite", None),
-        ("v2_fp8", "deepseek-v2-lite", "fp8"),
-        ("qwen3", "qwen3-30b-a3b", None),
-        ("qwen3next", "qwen3-next-80b-slice", None),
-        ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
-        ("qwen35", "qwen3.5", None),
-        ("gemma3", "gemma-3-12b", None),
-        ("step_fp8", "step-3.5-flash-slice", "fp8"),
-        ("llama", "llama-3.1-8b", None),
-    ),
-)

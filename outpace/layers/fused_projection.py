@@ -72,12 +72,7 @@ from outpace.layers.normed_rows import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_launch_options
 from outpace.layers.qkv_heads_kernel import qkv_heads_kernel
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.quant_matmul_kernel import (
-    ONE_ROW_MAX_K,
-    RowEpilogue,
-    column_blocks,
-    quant_matmul,
-)
+from outpace.layers.quant.quant_matmul_kernel import RowEpilogue, column_blocks, quant_matmul
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
 from outpace.layers.zeroed_scratch import zeroed_scratch
@@ -114,35 +109,12 @@ swiglu_stages = 4  # 64 KB of weights a stage
 # benchmarks/scripts/fp8_projection_settings.py sweeps them)
 fp8_stage_bytes = 160 * 1024
 fp8_max_stages = 8
-# One row (decode at batch 1) of a plain weight of at most this many values (and at most ONE_ROW_MAX_K columns)
-# outside batch-invariant mode takes the quantized product's row streams (layers/quant/quant_matmul_kernel.py
-# ``one_row_streams``, format "none") with the entry's epilogue, where the projection has no q/k/v heads, soft-cap or
-# argmax: a few whole weight rows a program on the CUDA cores, where these kernels spread one program an SM's
-# outputs over K steps of a 16-row tile. bf16, us a call in a graph of 8 on an H100 (cuda_gemv_probe.py, gpu_2026-12-06
-# call 38): DeepSeek-V2-Lite's kv_a 576 x 2048 3.4 / 5.1 and o 2048 x 2048 5.4 / 6.3, Qwen3-30B-A3B's o_proj 2048 x
-# 4096 8.7 / 9.5; over 16M values these were faster (Step-3.5's q_proj 6144 x 4096 19.3 / 20.1, Llama-8B's down_proj
-# 41.1 / 42.4). None: these kernels at every shape.
-one_row_plain_max_values: int | None = 1 << 24
 
 
 def _quantized_product(weight) -> bool:
     """Whether the fused kernels leave this weight to the quantized product: an fp8 weight outside
     batch-invariant mode (``fused_rows_apply`` says why)."""
     return isinstance(weight, Fp8Weight) and not batch_invariant()
-
-
-def _row_streamed(x: torch.Tensor, weight) -> bool:
-    """Whether one row x [1, K] of a plain weight [N, K] goes to the quantized product's row streams
-    (``one_row_plain_max_values``), for an entry whose epilogue the product can finish."""
-    return (
-        one_row_plain_max_values is not None
-        and isinstance(weight, torch.Tensor)
-        and x.shape[0] == 1
-        and not batch_invariant()
-        and weight.numel() <= one_row_plain_max_values
-        and weight.shape[1] <= ONE_ROW_MAX_K
-        and weight.stride(1) == 1
-    )
 
 
 def quantized_rows_apply(x: torch.Tensor, weight) -> bool:
@@ -162,7 +134,7 @@ def quantized_rows_apply(x: torch.Tensor, weight) -> bool:
 
 def _quantized_launch(
     x: torch.Tensor,
-    weight: Fp8Weight | torch.Tensor,
+    weight: Fp8Weight,
     out: torch.Tensor,
     epilogue: int,
     half: int,
@@ -173,9 +145,9 @@ def _quantized_launch(
     act: str,
     relu2: bool,
 ) -> torch.Tensor:
-    """``_launch`` for an fp8 weight on the normal path (``quantized_rows_apply``) or one row of a plain weight
-    (``_row_streamed``): the quantized product (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at
-    few rows than the fused kernels' stream, and one row on the CUDA cores, with the input norm's factor, relu^2, the residual add, the next norm's readying or SiLU's gating of the
+    """``_launch`` for an fp8 weight on the normal path (``quantized_rows_apply``): the split-K quantized product
+    (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than the fused kernels' stream,
+    with the input norm's factor, relu^2, the residual add, the next norm's readying or SiLU's gating of the
     [gate | up] products done in its store (``RowEpilogue``); GELU-tanh's gating is a launch of its own after it."""
 
     def product(into: torch.Tensor, **finish) -> torch.Tensor:
@@ -191,19 +163,13 @@ def _quantized_launch(
 
 
 def _finished_product(
-    x: torch.Tensor,
-    weight: Fp8Weight | torch.Tensor,
-    epilogue: RowEpilogue,
-    out: torch.Tensor | None = None,
+    x: torch.Tensor, weight: Fp8Weight, epilogue: RowEpilogue, out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [M, K] @ the weight's real values.T, its tiles finished by ``epilogue``: the quantized product
-    (layers/quant/quant_matmul_kernel.py ``quant_matmul``) of an fp8 weight, or of a plain one at one row, into
-    ``out`` when given."""
-    if isinstance(weight, Fp8Weight):
-        return quant_matmul(
-            x, weight.weight, weight.scale, "fp8_block", weight.block, epilogue=epilogue, out=out
-        )
-    return quant_matmul(x, weight, weight, "none", (1, 1), epilogue=epilogue, out=out)
+    """x [M, K] @ the fp8 weight's real values.T, its tiles finished by ``epilogue``: the quantized product
+    (layers/quant/quant_matmul_kernel.py ``quant_matmul``), into ``out`` when given."""
+    return quant_matmul(
+        x, weight.weight, weight.scale, "fp8_block", weight.block, epilogue=epilogue, out=out
+    )
 
 
 def _next_norm_parts(x: torch.Tensor, weight) -> int:
@@ -213,8 +179,6 @@ def _next_norm_parts(x: torch.Tensor, weight) -> int:
     n = weight.shape[0]
     if _quantized_product(weight):
         return column_blocks(m, n, k, "fp8_block", weight.block[1], x.device)
-    if _row_streamed(x, weight):
-        return column_blocks(m, n, k, "none", 1, x.device)
     grid = _launch_grid(n, PLAIN.value, n, x.device)
     return grid.programs * grid.subs
 
@@ -412,15 +376,7 @@ def _launch(
     x = x if x.stride(1) == 1 else x.contiguous()
     row_index, token_map = argmax if argmax is not None else (None, None)
     m = x.shape[0] if row_index is None else row_index.numel()
-    plain_stream = (
-        _row_streamed(x, weight)
-        and epilogue != QKV.value
-        and (epilogue != SWIGLU.value or act in SILU)  # (GELU-tanh's gating would be a launch of its own)
-        and softcap is None
-        and tiles is None
-        and argmax is None
-    )
-    if _quantized_product(weight) or plain_stream:
+    if _quantized_product(weight):
         if epilogue == QKV.value or softcap is not None or tiles is not None or argmax:
             raise ValueError(
                 "an fp8 weight's quantized product finishes plain and SwiGLU projections only (no q/k/v"

@@ -7,9 +7,8 @@ tiles, 64 columns a program over 256-column K steps, 3 stages, K split), a 512-c
 128-column scales (the settings sweep's widest, benchmarks/scripts/quant_matmul_settings.py) and an unsplit
 launch (Llama-8B's gate_up 28672 x 4096 at one program an SM), and two of the fused residual stack's epilogues
 (``RowEpilogue``: the residual add and the next norm readied; the input norm's factor), each over two tokens;
-and one token's launch (ONE-ROW: the plan's one-row tile) with the first epilogue; SiLU's gating in the store
-(``RowEpilogue.swiglu``) at one row and two; one row of a plain bf16 weight (format "none", the row streams) with
-each. Each must compile, keep its
+and one token's launch (ONE-ROW: the plan's row streams) with the first epilogue; SiLU's gating in the store
+(``RowEpilogue.swiglu``) at one row and two. Each must compile, keep its
 registers (ptxas -v: no spills) and, launched with programmatic dependent launch, prefetch its first weight
 lines into L2 before it waits; the 16-row tiles stream the weight through cp.async and multiply with mma.sync
 (under wgmma's M of 64, the weight read from shared memory into registers and dequantized there), the one-row
@@ -43,9 +42,9 @@ def launch(n, k, epilogue=None, rows=2, **options):
     finish = epilogue(n, k, rows) if epilogue else None
     return lambda: qm.quant_matmul(x, weight, scale, "fp8_block", (128, 128), tiles, finish)
 
-def ready(n, k, m, fmt="fp8_block"):
+def ready(n, k, m):
     '''o_proj's over m rows: the residual added, the next norm readied.'''
-    parts = qm.column_blocks(m, n, k, fmt, 128, torch.device("cpu"))
+    parts = qm.column_blocks(m, n, k, "fp8_block", 128, torch.device("cpu"))
     rows = torch.empty(m, n, dtype=torch.bfloat16)
     next_norm = (torch.empty(n, dtype=torch.bfloat16), 0.0, rows.clone(), torch.empty(parts, m))
     return qm.RowEpilogue(residual=rows, next_norm=next_norm)
@@ -68,7 +67,7 @@ cases = {  # name: (launch, (BN, BK, stages, split K))
     # (2 x 10944 x 2048: the wide tiles, unsplit) behind the input norm
     "ready": (launch(2048, 2048, ready), (32, 128, 4, True)),
     "row_norm": (launch(21888, 2048, row_norm), (64, 256, 3, False)),
-    # one row on the CUDA cores (ONE-ROW): DeepSeek-V2-Lite's o_proj readying the norm, plan's one-row tiles
+    # one row on the CUDA cores (ONE-ROW): DeepSeek-V2-Lite's o_proj readying the norm, plan's row streams
     "one_row": (launch(2048, 2048, ready, rows=1), None),
 }
 def int4(n, k, rows):
@@ -108,30 +107,12 @@ for rows in (1, 2):
     ok = kwargs["SWIGLU"] and (kwargs["BM"] == 1) == (rows == 1)
     print(f"swiglu_{rows}", ok and "0 bytes spill stores" in ptxas_report(compiled))
 
-# one row of a plain bf16 weight (format "none": layers/fused_projection.py's row streams), DeepSeek-V2-Lite's o_proj
-# readying the norm and a shared expert's gate/up gated by SiLU in the store: 16-byte loads, no tensor cores, no spill,
-# the first lines prefetched before the wait
-plain_ready = lambda n, k, m: ready(n, k, m, "none")
-for name, n, k, finish in (("plain_ready", 2048, 2048, plain_ready), ("plain_swiglu", 5632, 2048, gated)):
-    weight, x = torch.empty(n, k, dtype=torch.bfloat16), torch.empty(1, k, dtype=torch.bfloat16)
-    run = lambda: qm.quant_matmul(x, weight, weight, "none", (1, 1), None, finish(n, k, 1))
-    (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
-    compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
-    ptx = compiled.asm["ptx"]
-    ok = (
-        (kwargs["BM"], kwargs["SPLIT_K"], kwargs["FORMAT"]) == (1, False, "none")
-        and "0 bytes spill stores" in ptxas_report(compiled)
-        and "ld.global.v4" in ptx and "mma" not in ptx
-        and "griddepcontrol.wait" in ptx and "prefetch.global.L2" in ptx
-    )
-    print(name, ok)
-
 for name, (run, expected) in cases.items():
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
     compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
     ptx = compiled.asm["ptx"]
     if expected is None:  # (plan's)
-        t = qm.plan(1, 2048, 2048, "fp8_block", 128, torch.device("cpu"))
+        t = qm.plan(1, 2048, 2048, "fp8_block", 128, torch.device("cpu"), next_norm=True)
         expected = (t.block_n, t.block_k, t.num_stages, t.splits > 1)
     tiles = (kwargs["BN"], kwargs["BK"], kwargs["num_stages"], kwargs["SPLIT_K"])
     checks = {
@@ -156,8 +137,6 @@ def test_quant_matmul_launches_compile_for_sm90(tmp_path):
         "int4_8",
         "swiglu_1",
         "swiglu_2",
-        "plain_ready",
-        "plain_swiglu",
         "plan",
         "bk512",
         "unsplit",

@@ -36,8 +36,7 @@ a 32 x 128 fp8 tile (sm_90 PTX, gpu_2026-12-03f), so it read an fp8 weight no fa
 twice its bytes (DeepSeek-V2-Lite's o 2048 x 2048: 6.7 us against a floor of 0.87; gpu_2026-12-01g call 1).
 An INT4 weight of at most ``ONE_ROW_MAX_INT4_K`` columns takes the one-row tile too, each nibble turned into
 float32 in place with no conversion instruction (``_int4_row_part``). Row streams (``one_row_streams``, shipped): a
-one-row fp8 product, and one row of a plain half-precision weight that layers/fused_projection.py hands over (format
-"none", with its epilogue), takes a few whole weight rows a program, K unsplit, every load of a step in flight.
+one-row fp8 product takes a few whole weight rows a program, K unsplit, every load of a step in flight.
 
 INT4 K steps: where K is a whole number of them (``K_TILED``, the launch's), the PTX path masks its words and
 scales by rows alone, so they load as vectors that the software pipeline streams; masked along K, each thread's
@@ -119,18 +118,26 @@ ONE_ROW_MAX_K = 4096
 # 0.670 / 0.646, the Step-3.5 slice 1.293 / 1.251, DeepSeek-V2-Lite 1.817 / 1.781. None turns them off.
 ONE_ROW_WIDE_TILES = (8, 2048, 8, 1)
 one_row_wide_tiles: tuple[int, int, int, int] | None = ONE_ROW_WIDE_TILES
-# ... unless ``one_row_streams`` is set: then every one-row fp8 product of at most ONE_ROW_MAX_K columns, and the
-# one-row products of plain half-precision weights (format "none") that layers/fused_projection.py hands over
-# (``one_row_plain_max_values``), take "row streams" (``_row_stream_tiles``): a program reads a few whole weight rows,
-# BK columns a step, K never split, 8 warps; BK the columns rounded up to a power of two (at most the format's
-# most), the rows a program as many as make ``step bytes`` a step (2 to 8). The shape of a plain CUDA kernel that
-# reads each row's whole K from one block with all its loads in flight (benchmarks/scripts/cuda_gemv_probe.py, call
-# 38 of gpu_2026-12-06 on an H100, us a call in a graph of 8, against the shipped rule: block FP8 DeepSeek-V2-Lite's
-# kv_a 576 x 2048 3.2 / 4.85 and o 2048 x 2048 4.4 / 5.4, Qwen3-30B-A3B's o_proj 2048 x 4096 5.8 / 7.8, Step-3.5's
-# q_proj 6144 x 4096 11.5 / 12.6; bf16 against layers/fused_rows_kernel.py's 16-row tiles, kv_a 3.4 / 5.1, o 5.4 /
-# 6.3, o_proj 8.7 / 9.5; the plain CUDA kernel with programmatic dependent launch a further 0.5-0.8 us faster).
-# {format: (step bytes, most columns a K step)}
-ROW_STREAMS = {"fp8_block": (16384, 4096), "fp8_tensor": (16384, 4096), "none": (8192, 2048)}
+# ... unless ``one_row_streams`` is set (shipped): then every one-row fp8 product of at most ONE_ROW_MAX_K columns takes
+# "row streams" (``_row_stream_tiles``): a program reads a few whole weight rows, BK columns a step, K never split, 8
+# warps; BK the columns rounded up to a power of two (at most 4096), the rows a program as many as make 16 KB a step
+# (2 to 8). The shape of a plain CUDA kernel that reads each row's whole K from one block with all its loads in flight
+# (benchmarks/scripts/cuda_gemv_probe.py). Alone, us a call in a graph of 8 on an H100 (gpu_2026-12-06 call 39), the
+# shipped rule before / row streams: DeepSeek-V2-Lite's kv_a 576 x 2048 4.84 / 4.22, o 2048 x 2048 5.44 / 5.40,
+# Qwen3-30B-A3B's o_proj 2048 x 4096 7.93 / 7.11, Step-3.5's q_proj 6144 x 4096 12.79 / 14.55. In the decode step at
+# batch 1, 512 cached tokens, block FP8 (decode_settings.py row_streams_*, call 40, the better of two passes that agreed
+# in sign; the bf16 tiles below on with them), ms before / row streams: DeepSeek-V2-Lite 2.028 / 2.019, the Qwen3-Next
+# slice 0.723 / 0.716, the Step-3.5 slice 1.516 / 1.504.
+# Two rows a program over 2048-column steps, each program's whole first step prefetched, read kv_a in 2.62 us alone
+# but took the steps to 2.039, 0.786 (call 40, second sweep). One row of a plain bf16 weight in these tiles (in place of
+# layers/fused_rows_kernel.py's 16-row tiles for products up to 16M values) was faster alone (kv_a 3.58 / 5.05) but
+# slowed every bf16 decode step it was tried in: DeepSeek-V2-Lite 2.491 -> 2.516, Qwen3-30B-A3B 3.380 -> 3.411,
+# Gemma-3-12B 9.238 -> 9.277, Llama-8B 5.436 -> 5.661 (its o_proj readying the MLP's norm in 512 parts), so it is not
+# kept.
+ROW_STREAMS = {
+    "fp8_block": (16384, 4096),
+    "fp8_tensor": (16384, 4096),
+}  # format: (bytes a step, most columns a step)
 one_row_streams = True
 _STREAM_PARTS = 256  # column blocks a row-stream launch has at most where 8 rows a program allow it
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
@@ -215,8 +222,6 @@ def _quant_matmul_kernel(
     if PREFETCH_LINES > 0:
         if FORMAT == "int4_group":  # int32 words of 8 nibbles: half a byte a column
             first, row_bytes, stride_bytes = k_start // 2, K // 2, stride_wn * 4
-        elif FORMAT == "none":  # half precision
-            first, row_bytes, stride_bytes = k_start * 2, K * 2, stride_wn * 2
         else:
             first, row_bytes, stride_bytes = k_start, K, stride_wn
         lines = (
@@ -406,8 +411,6 @@ def plan(
     program, 256 a K step, 3 stages, 4 programs an SM (``_wide_fp8_tiles``). One row: row streams
     (``one_row_streams``) or the one-row tiles (ONE-ROW)."""
     int4 = fmt == "int4_group"
-    if fmt == "none":
-        return _row_stream_tiles(n, k, fmt, next_norm)
     if batch_invariant():  # one row's tiles whatever M (module docstring, batch-invariant mode)
         m = 1
     elif m == 1 and one_row_cuda_cores and k <= one_row_max_k(fmt):
@@ -455,16 +458,11 @@ def _row_stream_tiles(n: int, k: int, fmt: str, next_norm: bool) -> QuantTiles:
     (``row_rstd``)."""
     step_bytes, most_k = ROW_STREAMS[fmt]
     block_k = min(triton.next_power_of_2(k), most_k)
-    rows = int(step_bytes // (block_k * _value_bytes(fmt)))
+    rows = step_bytes // block_k  # (a byte a value)
     least = triton.next_power_of_2(triton.cdiv(n, _STREAM_PARTS)) if next_norm else 2
     rows = min(8, max(rows, 2, least))
     k_per_split = triton.cdiv(k, block_k) * block_k
     return QuantTiles(1, rows, block_k, 1, k_per_split, num_warps=8, num_stages=1)
-
-
-def _value_bytes(fmt: str) -> float:
-    """Bytes a weight value of ``fmt`` takes in memory (plain weights: half precision)."""
-    return {"none": 2, "int4_group": 0.5}.get(fmt, 1)
 
 
 def _one_row_wide_tiles(n: int, k: int, fmt: str, device: torch.device) -> QuantTiles | None:
@@ -542,19 +540,14 @@ def quant_matmul(
 ) -> torch.Tensor:
     """x [M, K] (bf16, fp16; float32 on the CPU) @ W.T -> [M, N] in x's dtype ([M, N / 2] with
     ``epilogue.swiglu``; into ``out``, rows of any stride, when given), W the weight ``weight`` with ``scale``
-    in format ``fmt`` (module docstring) or "none", a plain weight of x's dtype whose one row's product takes the
-    row streams (``one_row_streams``; ``scale`` unused),
+    in format ``fmt`` (module docstring),
     ``scale_block`` the (rows, columns) one scale covers: (bn, bk) for fp8_block, (1, group) for int4_group,
-    unused for fp8_tensor and none; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
+    unused for fp8_tensor; the output tiles finished by ``epilogue`` when given (at most ``FEW_ROWS`` rows).
     The callers (fp8_linear_kernel.py, int4_linear_kernel.py, layers/fused_projection.py) check the shapes."""
-    if fmt not in FORMATS + ("none",):
+    if fmt not in FORMATS:
         raise ValueError(f"quantized weights come as {', '.join(FORMATS)}, not {fmt!r}")
     m, k = x.shape
     n = weight.shape[0]
-    if fmt == "none" and (m > 1 or weight.dtype != x.dtype):
-        raise ValueError(
-            f"a plain weight ({weight.dtype}) takes the one-row product of rows of its dtype, not {m} of {x.dtype}"
-        )
     if epilogue is not None and m > FEW_ROWS:
         raise ValueError(
             f"an epilogue finishes a few-row product (at most {FEW_ROWS} rows), not {m}"
@@ -668,7 +661,7 @@ def _launch(
         partial = counters = out  # not read
     scale_2d = scale.reshape(1, 1) if fmt == "fp8_tensor" else scale
     pdl = pdl_available(x.device)
-    row_bytes = int(t.k_per_split * _value_bytes(fmt))
+    row_bytes = t.k_per_split // (2 if fmt == "int4_group" else 1)
     _quant_matmul_kernel[grid](
         x,
         weight,
