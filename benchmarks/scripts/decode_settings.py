@@ -275,12 +275,12 @@ SWEEPS = {
         ({}, {"one_token_cuda_cores": False, "one_row_cuda_cores": False}),
         (("v3_fp8", "deepseek-v3-slice", "fp8"), ("step_fp8", "step-3.5-flash-slice", "fp8")),
     ),
-    # one row of an fp8 weight that fills the GPU in the wide tiles (quant_matmul_kernel.one_row_wide_tiles) or in the
-    # one-row tiles, the row streams off (which take every one-row fp8 product where they are on)
+    # one row of an fp8 weight in the row streams (shipped), in the wide tiles where they fill the GPU
+    # (quant_matmul_kernel.one_row_wide_tiles: the streams off) or in the one-row tiles
     **_on_shapes(
         "one_row_wide_",
         ((1, 512),),
-        ({"one_row_streams": False}, {"one_row_streams": False, "one_row_wide_tiles": None}),
+        ({}, {"one_row_streams": False}, {"one_row_streams": False, "one_row_wide_tiles": None}),
         (
             ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
             ("v2_fp8", "deepseek-v2-lite", "fp8"),

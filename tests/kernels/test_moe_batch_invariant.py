@@ -90,12 +90,12 @@ def test_grouped_experts_of_a_token_do_not_depend_on_the_batch():
 def test_a_readied_token_does_not_depend_on_the_batch(monkeypatch):
     """``ready`` (the output added to the stream and readied for the next norm): the stream, its normed rows and
     its parts of the sum of squares, alone and among many. The combine's column blocks (the parts) follow
-    the token count outside the mode; with an H200's 132 SMs, 16 tokens of 2048 columns took 8 blocks where one
-    took 16 (grouped_experts.py ``_combine_block``)."""
+    the token count outside the mode (grouped_experts.py ``_combine_block``): with 2 SMs, 512 columns take 4 blocks
+    at one token and one at 16 (an H200's 132 SMs at DeepSeek-V2-Lite's 2048 columns: 16 and 8)."""
     from outpace.layers import grouped_experts as launcher
 
-    monkeypatch.setattr(launcher, "num_sms", lambda device: 132)
-    hidden, inter, experts, top_k, n = 2048, 16, 6, 2, max(TOKEN_COUNTS)
+    monkeypatch.setattr(launcher, "num_sms", lambda device: 2)
+    hidden, inter, experts, top_k, n = 512, 16, 6, 2, max(TOKEN_COUNTS)
     x, stream = _rand(n, hidden, seed=9), _rand(n, hidden, seed=10)
     norm_weight = _rand(hidden, seed=11)
     gate, up = (_rand(experts, inter, hidden, seed=s, scale=0.1) for s in (12, 13))
