@@ -3,7 +3,8 @@ Qwen3.5 and Gemma targets, their MTP layers and EAGLE3 drafts, widened at the sm
 (``DS_TINY``, ``QWEN35_TINY``, ``GEMMA_TINY``: every map exercised, float32 on the CPU), compute the zoo's
 functions: the same logits (1e-4) and greedy tokens, the stream exactly zero on the padded dims and t
 times the zoo's on the real ones; through the engine, the same tokens and acceptance for every drafter;
-``bench e2e --family ... --tiny`` end to end; and a wrong map is caught."""
+``bench e2e --family ... --tiny`` end to end; in bf16, greedy tokens that part only at the float32 zoo's near ties;
+and a wrong map is caught."""
 
 import json
 from pathlib import Path
@@ -248,11 +249,38 @@ def test_wrong_rope_map_is_caught(tmp_path, monkeypatch):
     assert (logits_b - logits).abs().max() > 1e-2 * logits.abs().max()
 
 
-@pytest.mark.gpu  # bf16 on the GPU
+# A bf16 run may pick another greedy token only where the float32 zoo target's top logits lie this close (a share of
+# the top one): tinygemma's first token after two of the first three eval prompts is such a tie, 7.970 against 7.950
+# and 10.208 against 10.193, which bf16 rounds to one value (the argmax then takes the lower id)
+NEAR_TIE = 0.02
+BF16_PROMPTS = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:8]
+
+
+def _part_at_a_near_tie(zoo, prompt_ids: list[int], tokens: list[int], other: list[int]) -> bool:
+    """Whether two greedy runs' tokens are equal, or equal up to a position where the float32 zoo target ``zoo`` puts
+    both runs' tokens within ``NEAR_TIE`` of its top logit (after the prompt and the tokens they share)."""
+    first = next((i for i, (a, b) in enumerate(zip(tokens, other)) if a != b), None)
+    if first is None:
+        return len(tokens) == len(other)
+    ids = torch.tensor(prompt_ids + tokens[:first])
+    with torch.no_grad():
+        logits = zoo.compute_logits(_forward(zoo, ids).hidden_states[-1:])[0]
+    top = logits.max()
+    return all(top - logits[t] <= NEAR_TIE * top.abs() for t in (tokens[first], other[first]))
+
+
+def _tau(outs) -> float:
+    verifies = sum(o.spec_metrics.num_verifies for o in outs)
+    return sum(o.spec_metrics.num_accepted_drafts for o in outs) / verifies + 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_bf16_gpu_widened_keeps_tokens_and_acceptance(tmp_path, family):
-    """On the GPU in bf16 (what bench e2e runs), at the tiny widening: the widened weights are the zoo's
-    re-rounded once (irrational scales), so greedy tokens may part only at near ties; tau stays close."""
+def test_bf16_widened_keeps_tokens_and_acceptance(tmp_path, family, device):
+    """In bf16 (what bench e2e runs on the GPU), at the tiny widening: the widened weights are the zoo's re-rounded
+    once (irrational scales), so greedy tokens may part only at near ties of the zoo's float32 logits
+    (``_part_at_a_near_tie``), and over the prompts whose tokens stay equal (one at least of 8) the acceptance
+    stays close."""
     widen, shape, draft, name, draft_name, mtp = FAMILIES[family]
     dirs = widen(ZOO, tmp_path, shape, draft, torch.bfloat16)
     spec = lambda d: (
@@ -262,17 +290,17 @@ def test_bf16_gpu_widened_keeps_tokens_and_acceptance(tmp_path, family):
     )  # noqa: E731
     runs = []
     for target, d in ((ZOO / name, ZOO / draft_name), (dirs[name], dirs[draft_name])):
-        llm = LLM(str(target), device="cuda", dtype="bfloat16", speculative=spec(d))
-        outs = llm.generate(PROMPTS, GREEDY)
-        metrics = [o.spec_metrics for o in outs]
-        tau = sum(m.num_accepted_drafts + m.num_verifies for m in metrics) / sum(
-            m.num_verifies for m in metrics
-        )
-        runs.append(([o.token_ids for o in outs], tau))
+        llm = LLM(str(target), device=device, dtype="bfloat16", speculative=spec(d))
+        runs.append(llm.generate(BF16_PROMPTS, GREEDY))
         del llm
-    (tokens, tau), (wide_tokens, wide_tau) = runs
-    same = sum(a == b for x, y in zip(tokens, wide_tokens) for a, b in zip(x, y))
-    assert same / sum(map(len, tokens)) > 0.8 and wide_tau == pytest.approx(tau, abs=0.3)
+    zoo = load_model(ZOO / name, torch.float32, progress=False)
+    for a, b in zip(*runs):
+        assert _part_at_a_near_tie(zoo, a.prompt_token_ids, a.token_ids, b.token_ids), (
+            a.prompt_token_ids
+        )
+    equal = [(a, b) for a, b in zip(*runs) if a.token_ids == b.token_ids]
+    assert equal
+    assert _tau([b for _, b in equal]) == pytest.approx(_tau([a for a, _ in equal]), abs=0.3)
 
 
 @pytest.mark.parametrize("kernel", [False, True], ids=["torch", "triton"])
