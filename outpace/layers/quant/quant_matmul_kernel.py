@@ -126,8 +126,8 @@ one_row_wide_tiles: tuple[int, int, int, int] | None = ONE_ROW_WIDE_TILES
 # shipped rule before / row streams: DeepSeek-V2-Lite's kv_a 576 x 2048 4.84 / 4.22, o 2048 x 2048 5.44 / 5.40,
 # Qwen3-30B-A3B's o_proj 2048 x 4096 7.93 / 7.11, Step-3.5's q_proj 6144 x 4096 12.79 / 14.55. In the decode step at
 # batch 1, 512 cached tokens, block FP8 (decode_settings.py row_streams_*, call 40, the better of two passes that agreed
-# in sign; the bf16 tiles below on with them), ms before / row streams: DeepSeek-V2-Lite 2.028 / 2.019, the Qwen3-Next
-# slice 0.723 / 0.716, the Step-3.5 slice 1.516 / 1.504.
+# in sign; the bf16 twin described below switched with them), ms before / row streams: DeepSeek-V2-Lite 2.028 / 2.019,
+# the Qwen3-Next slice 0.723 / 0.716, the Step-3.5 slice 1.516 / 1.504.
 # Two rows a program over 2048-column steps, each program's whole first step prefetched, read kv_a in 2.62 us alone
 # but took the steps to 2.039, 0.786 (call 40, second sweep). One row of a plain bf16 weight in these tiles (in place of
 # layers/fused_rows_kernel.py's 16-row tiles for products up to 16M values) was faster alone (kv_a 3.58 / 5.05) but
