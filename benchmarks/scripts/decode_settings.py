@@ -65,6 +65,8 @@ KNOBS = {
     "one_row_cuda_cores": (quant_matmul_kernel, "one_row_cuda_cores"),
     "one_row_wide_tiles": (quant_matmul_kernel, "one_row_wide_tiles"),
     "one_row_streams": (quant_matmul_kernel, "one_row_streams"),
+    "row_streams": (quant_matmul_kernel, "row_streams"),
+    "stream_prefetch_bytes": (quant_matmul_kernel, "stream_prefetch_bytes"),
     "one_token_cuda_cores": (moe_kernels, "one_token_cuda_cores"),
     "one_token_gate_up": (moe_kernels, "one_token_gate_up"),
     "one_token_down": (moe_kernels, "one_token_down"),
@@ -441,6 +443,32 @@ SWEEPS |= _on_shapes(
     "row_streams_",
     ((1, 512), (8, 512)),
     ({}, {"one_row_streams": False}),
+    (
+        ("v2_fp8", "deepseek-v2-lite", "fp8"),
+        ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
+        ("step_fp8", "step-3.5-flash-slice", "fp8"),
+    ),
+)
+
+
+def _streams(step_bytes: int, most_k: int) -> dict:
+    """A ``row_streams`` setting: (bytes a step, most columns a step) for both fp8 formats."""
+    return {"row_streams": {fmt: (step_bytes, most_k) for fmt in ("fp8_block", "fp8_tensor")}}
+
+
+# the row streams' tiles in the step (call 40's second sweep: 2 rows a program over 2048-column steps, each program's
+# whole first step prefetched, lost there though fastest alone): other bytes a step, shorter steps, more prefetched
+SWEEPS |= _on_shapes(
+    "row_stream_tiles_",
+    ((1, 512),),
+    (
+        {},
+        _streams(8192, 4096),
+        _streams(32768, 4096),
+        _streams(16384, 2048),
+        {"stream_prefetch_bytes": 1024},
+        {"stream_prefetch_bytes": 4096},
+    ),
     (
         ("v2_fp8", "deepseek-v2-lite", "fp8"),
         ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),

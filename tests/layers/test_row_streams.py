@@ -27,8 +27,8 @@ TOLERANCE = 2e-2 if DTYPE == torch.bfloat16 else 1e-5
 
 def test_plan_streams_whole_rows_by_the_bytes_of_a_step(monkeypatch):
     """16 KB a step, 4096 columns at most, 2 to 8 rows a program, K in one split; a next norm's readying takes rows
-    enough for 256 column blocks at most (up to 8 rows); INT4, two rows, batch-invariant mode and the streams off
-    not."""
+    enough for 256 column blocks at most (up to 8 rows); each program prefetches ``stream_prefetch_bytes`` of its
+    rows; INT4, two rows, batch-invariant mode and the streams off not."""
     cpu = torch.device("cpu")
     cases = {  # (n, k, fmt, next_norm): (rows a program, K step)
         (576, 2048, "fp8_block", False): (8, 2048),
@@ -48,6 +48,11 @@ def test_plan_streams_whole_rows_by_the_bytes_of_a_step(monkeypatch):
     assert qm.plan(2, 2048, 2048, "fp8_block", 128, cpu).block_m == 16
     with forward_settings(True):
         assert qm.plan(1, 2048, 2048, "fp8_block", 128, cpu).block_m == 16
+    monkeypatch.setattr(
+        qm, "stream_prefetch_bytes", 1024
+    )  # (a sweep's setting: 8 lines of each row)
+    t = qm.plan(1, 576, 2048, "fp8_block", 128, cpu)
+    assert qm.prefetch_lines(t.k_per_split, t.prefetch_bytes) == 8
     monkeypatch.setattr(qm, "one_row_streams", False)
     monkeypatch.setattr(qm, "num_sms", lambda device: 132)
     off = qm.plan(1, 576, 2048, "fp8_block", 128, cpu)  # (the one-row tiles, K split)

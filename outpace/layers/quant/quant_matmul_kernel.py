@@ -134,11 +134,12 @@ one_row_wide_tiles: tuple[int, int, int, int] | None = ONE_ROW_WIDE_TILES
 # slowed every bf16 decode step it was tried in: DeepSeek-V2-Lite 2.491 -> 2.516, Qwen3-30B-A3B 3.380 -> 3.411,
 # Gemma-3-12B 9.238 -> 9.277, Llama-8B 5.436 -> 5.661 (its o_proj readying the MLP's norm in 512 parts), so it is not
 # kept.
-ROW_STREAMS = {
+row_streams = {
     "fp8_block": (16384, 4096),
     "fp8_tensor": (16384, 4096),
-}  # format: (bytes a step, most columns a step)
+}  # format: (bytes a step, most columns)
 one_row_streams = True
+stream_prefetch_bytes = _PREFETCH_BYTES  # of each weight row, what a row-stream program prefetches
 _STREAM_PARTS = 256  # column blocks a row-stream launch has at most where 8 rows a program allow it
 # ... and for INT4 weights (half a byte a column: ``_int4_row_part``) of at most this many columns: one row's products
 # on the CUDA cores against the 16-row tiles (benchmarks/scripts/int4_tiles.py --one-row, gpu_2026-12-04b call 5),
@@ -390,6 +391,9 @@ class QuantTiles:
     k_per_split: int
     num_warps: int
     num_stages: int
+    prefetch_bytes: int = (
+        _PREFETCH_BYTES  # of each weight row at most, with programmatic dependent launch
+    )
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (triton.cdiv(m, self.block_m), triton.cdiv(n, self.block_n), self.splits)
@@ -456,13 +460,13 @@ def _row_stream_tiles(n: int, k: int, fmt: str, next_norm: bool) -> QuantTiles:
     unsplit. At least 2 rows a program (SwiGLU: a gate and an up row); readying a next norm, at least n /
     ``_STREAM_PARTS`` up to 8: its partial sums of squares, one a program, are what the kernel after it loads whole
     (``row_rstd``)."""
-    step_bytes, most_k = ROW_STREAMS[fmt]
+    step_bytes, most_k = row_streams[fmt]
     block_k = min(triton.next_power_of_2(k), most_k)
     rows = step_bytes // block_k  # (a byte a value)
     least = triton.next_power_of_2(triton.cdiv(n, _STREAM_PARTS)) if next_norm else 2
     rows = min(8, max(rows, 2, least))
     k_per_split = triton.cdiv(k, block_k) * block_k
-    return QuantTiles(1, rows, block_k, 1, k_per_split, num_warps=8, num_stages=1)
+    return QuantTiles(1, rows, block_k, 1, k_per_split, 8, 1, prefetch_bytes=stream_prefetch_bytes)
 
 
 def _one_row_wide_tiles(n: int, k: int, fmt: str, device: torch.device) -> QuantTiles | None:
@@ -612,10 +616,10 @@ def row_group(block_k: int, fmt: str, scale_block_k: int) -> int:
     return min(block_k, scale_block_k if fmt in ("fp8_block", "int4_group") else _ONE_ROW_GROUP)
 
 
-def prefetch_lines(row_bytes: int) -> int:
+def prefetch_lines(row_bytes: int, most: int = _PREFETCH_BYTES) -> int:
     """Lines of ``_LINE`` bytes a program prefetches of each weight row whose split spans ``row_bytes`` (module
-    docstring): ``_PREFETCH_BYTES`` of them at most, rounded up to a power of two; 0 for none."""
-    wanted = min(row_bytes, _PREFETCH_BYTES)
+    docstring): ``most`` bytes of them at most, rounded up to a power of two; 0 for none."""
+    wanted = min(row_bytes, most)
     return triton.next_power_of_2(triton.cdiv(wanted, _LINE)) if wanted > 0 else 0
 
 
@@ -699,7 +703,7 @@ def _launch(
         SPLIT_K=t.splits > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PDL=pdl,
-        PREFETCH_LINES=prefetch_lines(row_bytes) if pdl else 0,
+        PREFETCH_LINES=prefetch_lines(row_bytes, t.prefetch_bytes) if pdl else 0,
         LINE=_LINE,
         ROW_NORM=epilogue.row_norm is not None,
         RELU2=epilogue.relu2,
