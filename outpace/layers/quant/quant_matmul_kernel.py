@@ -391,9 +391,7 @@ class QuantTiles:
     k_per_split: int
     num_warps: int
     num_stages: int
-    prefetch_bytes: int = (
-        _PREFETCH_BYTES  # of each weight row at most, with programmatic dependent launch
-    )
+    prefetch_bytes: int = _PREFETCH_BYTES  # of each weight row at most, with dependent launch
 
     def grid(self, m: int, n: int) -> tuple[int, int, int]:
         return (triton.cdiv(m, self.block_m), triton.cdiv(n, self.block_n), self.splits)
