@@ -192,7 +192,8 @@ def reduce_add_normalised(
 
 def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
     """Whether one fused kernel projects x [num_tokens, in] to q/k/v and writes k and v into a cache:
-    few half-precision rows on the GPU, packed q/k/v without bias, per-head q/k norms (if any) over a
+    few half-precision rows on the GPU, packed q/k/v without bias (half precision, or fp8 through its
+    quantized product and the per-head kernel: ``fusable_qkv``), per-head q/k norms (if any) over a
     power-of-two head_dim."""
     head_dim = attn.cfg.head_dim
     return (
@@ -200,7 +201,7 @@ def projects_fused(attn: DecoderAttention, x: torch.Tensor) -> bool:
         and attn.qkv.bias is None
         and ends_block(attn.o_proj)
         and fused_weight(attn.o_proj) is not None
-        and fusable_rows(x, attn.qkv.weight)
+        and fusable_qkv(x, attn.qkv.weight)
         and (not attn.cfg.qk_norm or head_dim & (head_dim - 1) == 0)
     )
 

@@ -1,0 +1,55 @@
+"""GPU-only (skipped without CUDA): a block-FP8 Qwen3-MoE (Qwen3-30B-A3B-FP8's layout at a small shape of
+whole 128 x 128 blocks) decodes on the fused few-row stack with the GPU's own rules of which kernel serves which
+weight (nothing forced): every layer's packed fp8 q/k/v through ``norm_project_qkv`` (the quantized product,
+then the per-head kernel), and one decode forward's logits those of the dequantized twin run eagerly, to bf16
+rounding.
+
+Run: python -m pytest -q tests/gpu/test_fp8_fused_stack_gpu.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.fused_decode import decode_forward
+from helpers.hf_models import save_hf_model
+from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+from helpers.qwen3_moe_models import make_qwen3_moe
+from outpace.layers import fused_decoder, fused_projection
+from outpace.layers.quant.fp8_weight import Fp8Weight
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+# two 128-wide q heads and one k/v head: q/k/v of 512 rows, every projection whole 128 x 128 blocks
+SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,
+)
+
+
+def test_block_fp8_qwen3_moe_decodes_on_the_fused_stack(tmp_path, monkeypatch):
+    src = save_hf_model(make_qwen3_moe("renormalised", **SHAPE), tmp_path / "bf16")
+    config = block_fp8_config((128, 128), modules_to_not_convert=["lm_head"])
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_block", is_projection, config, torch.bfloat16
+    )
+    ref_logits, _ = decode_forward(ref_dir, monkeypatch, torch.bfloat16, lambda x, w: False)
+    qkv_weights = []
+    real = fused_projection.norm_project_qkv
+    monkeypatch.setattr(
+        fused_projection,
+        "norm_project_qkv",
+        lambda rows, eps, qkv, *a, **kw: qkv_weights.append(qkv) or real(rows, eps, qkv, *a, **kw),
+    )
+    logits, _ = decode_forward(q_dir, monkeypatch, torch.bfloat16, fused_decoder.fusable_rows)
+    assert len(qkv_weights) == 4 and all(isinstance(w, Fp8Weight) for w in qkv_weights)
+    err = ((logits - ref_logits).norm() / ref_logits.norm()).item()
+    assert err < 2e-2, err
