@@ -13,7 +13,7 @@ from torch import nn
 from outpace.layers.decoder import GatedMLP
 from outpace.layers.fused_decoder import (
     ends_block,
-    fusable_rows,
+    fusable_qkv,
     fused_weight,
     mlp_fuses,
     norm_offset,
@@ -28,8 +28,9 @@ from outpace.layers.linear import is_sharded
 def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``attend_fused_qkv`` serves an attention module over x [num_tokens, hidden]: its q/k/v
     packed without bias (layers/decoder.py ``pack_projections``), an o_proj without bias, not sharded,
-    per-head q/k norms over a power-of-two ``head_dim``, few half-precision rows on the GPU and a backend
-    that attends over a cache the kernel wrote."""
+    per-head q/k norms over a power-of-two ``head_dim``, few half-precision rows on the GPU (of a half-precision
+    q/k/v, or an fp8 one through its quantized product: ``fusable_qkv``) and a backend that attends over a cache
+    the kernel wrote."""
     d = attn.head_dim
     return (
         getattr(attn, "qkv", None) is not None
@@ -38,7 +39,7 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
         and ends_block(attn.o_proj)
         and fused_weight(attn.o_proj) is not None
         and d & (d - 1) == 0
-        and fusable_rows(x, attn.qkv.weight)
+        and fusable_qkv(x, attn.qkv.weight)
         and attn.attn.fused_write_target() is not None
     )
 

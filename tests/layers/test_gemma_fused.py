@@ -217,8 +217,9 @@ def _decode(path, monkeypatch, fusable):
     ):
         model(ids, positions)
     fused = []
-    for fused_module in (fused_decoder, fused_sandwich):  # the head's path and the layers'
-        monkeypatch.setattr(fused_module, "fusable_rows", fusable)
+    monkeypatch.setattr(
+        fused_decoder, "fusable_rows", fusable
+    )  # (the head's rule and fusable_qkv's)
     for module, name in [
         ("outpace.models.gemma", "sandwich_rows_fused"),
         ("outpace.models.gemma4", "sandwich_rows_fused"),
@@ -243,6 +244,49 @@ def test_fused_gemma_layers_compute_what_the_eager_ones_do(variant, gemma, monke
     ref_logits, ref_caches, none = _decode(gemma(variant), monkeypatch, lambda x, w: False)
     logits, caches, fused = _decode(gemma(variant), monkeypatch, lambda x, w: True)
     assert (none, fused) == (0, 3), "every layer should run fused"
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    for c, r in zip(caches, ref_caches):
+        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(
+    DEVICE == "cuda", reason="16-column FP8 blocks: the GPU's fp8 prefill takes 64 or more"
+)
+def test_block_fp8_gemma3_runs_fused_where_the_gpu_leaves_fp8_to_the_quantized_product(
+    tmp_path, monkeypatch
+):
+    """On the GPU outside batch-invariant mode the fused kernels do not read fp8 weights (``fused_rows_apply``
+    says no) and the quantized product serves them (``fusable_qkv``). Those answers emulated, a Gemma 3 in block
+    FP8 still runs every layer fused (q/k/v through the quantized product and the per-head kernel, o_proj and
+    down_proj readying the sandwich norms in the product's store) and gives the dequantized twin's logits and
+    KV. (It asked ``fusable_rows``: Gemma-3-12B in FP8 ran eagerly, 970 launches a step against bf16's 443.)"""
+    import outpace.layers.fused_sandwich as fused_sandwich
+    from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
+    from outpace.layers.quant.fp8_weight import Fp8Weight
+
+    torch.manual_seed(0)
+    # q, k and v of 32, 16 and 16 rows: whole 16-row blocks, so that they pack in fp8
+    config = transformers.Gemma3TextConfig(
+        **dict(
+            GEMMA3_TEXT,
+            head_dim=8,
+            num_hidden_layers=3,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    src = save_hf_model(model.eval(), tmp_path / "src")
+    quantized, reference = write_quantized(
+        src, tmp_path / "q", "fp8_block", is_projection, block_fp8_config((16, 16))
+    )
+    ref_logits, ref_caches, _ = _decode(reference, monkeypatch, lambda x, w: False)
+    monkeypatch.setattr(fused_sandwich, "fusable_qkv", lambda x, w: x.shape[0] <= 16)
+    logits, caches, fused = _decode(
+        quantized, monkeypatch, lambda x, w: x.shape[0] <= 16 and not isinstance(w, Fp8Weight)
+    )
+    assert fused == 3, "every layer should run fused"
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
