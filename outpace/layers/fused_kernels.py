@@ -334,6 +334,14 @@ def silu_and_mul_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def gelu_tanh(x):
+    """transformers' GELU-tanh of float32 x, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), written as
+    x * sigmoid(2 sqrt(2 / pi) (x + 0.044715 x^3)) (0.5 (1 + tanh z) = sigmoid(2 z)): the gate activation of
+    Gemma's MLPs in every kernel that gates (the fused rows, the quantized product's store, the grouped experts)."""
+    return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))  # 2 * sqrt(2 / pi)
+
+
+@triton.jit
 def sigmoid_gated(x, gate):
     """x * sigmoid(gate) in float32, rounded as ``sigmoid_gate_torch`` rounds it: x as given (in its dtype),
     sigmoid in float32 with IEEE division, rounded to gate's dtype as torch.sigmoid's output is, the product in

@@ -42,7 +42,7 @@ depend on its own input row only, whether it is decoded alone or verified among 
 Weights stored in fp8 (``Fp8Weight``): outside batch-invariant mode the plain and SwiGLU entries hand them to the
 split-K quantized product (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than these
 kernels' stream and finishes its tiles with the same epilogue (the input norm's factor, relu^2, the residual,
-the next norm readied; SwiGLU's gating a launch after it): ``quantized_rows_apply``. That puts fp8 models on
+the next norm readied, SiLU's or GELU-tanh's gating): ``quantized_rows_apply``. That puts fp8 models on
 the fused residual stack (DeepSeek-V2-Lite's block-FP8 layers ran eagerly before, each block norm a launch of
 its own: benchmarks/results/gpu_2026-12-01i).
 
@@ -59,7 +59,7 @@ import torch
 import triton
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH, SILU, act_and_mul
+from outpace.layers.activation import FUSED_ACTIVATIONS, GELU_TANH
 from outpace.layers.fused_rows_kernel import (
     ACT_GELU_TANH,
     ACT_SILU,
@@ -147,17 +147,14 @@ def _quantized_launch(
 ) -> torch.Tensor:
     """``_launch`` for an fp8 weight on the normal path (``quantized_rows_apply``): the split-K quantized product
     (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than the fused kernels' stream,
-    with the input norm's factor, relu^2, the residual add, the next norm's readying or SiLU's gating of the
-    [gate | up] products done in its store (``RowEpilogue``); GELU-tanh's gating is a launch of its own after it."""
+    with the input norm's factor, relu^2, the residual add, the next norm's readying or the gating of the
+    [gate | up] products (SiLU or GELU-tanh) done in its store (``RowEpilogue``)."""
 
     def product(into: torch.Tensor, **finish) -> torch.Tensor:
         return _finished_product(x, weight, RowEpilogue(row_norm=norm, **finish), into)
 
-    if epilogue == SWIGLU.value and act in SILU:
-        return product(out, swiglu=True)
-    if epilogue == SWIGLU.value:
-        raw = product(torch.empty(x.shape[0], 2 * half, dtype=x.dtype, device=x.device))
-        return act_and_mul(act, raw[:, :half], raw[:, half:])
+    if epilogue == SWIGLU.value:  # (``_launch`` took SiLU or GELU-tanh: FUSED_ACTIVATIONS)
+        return product(out, swiglu=True, gelu=act in GELU_TANH)
     ready = None if next_norm is None else (next_norm[0], next_offset, next_norm[1], next_norm[2])
     return product(out, relu2=relu2, residual=residual, next_norm=ready)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from outpace.layers.fused_kernels import row_rstd
+from outpace.layers.fused_kernels import gelu_tanh, row_rstd
 from outpace.layers.pdl import pdl_enter, prefetch_l2
 
 # epilogues (EPILOGUE)
@@ -237,14 +237,8 @@ def fused_rows_kernel(
                     sq_out_ptr + (pid * subs + sub) * M + rows, tl.sum(s * s, axis=1), mask=row_ok
                 )
         elif EPILOGUE == SWIGLU:
-            if (
-                ACT == ACT_GELU_TANH
-            ):  # transformers' GELU-tanh: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-                gate = (
-                    0.5
-                    * acc_a
-                    * (1.0 + _tanh(0.7978845608028654 * (acc_a + 0.044715 * acc_a * acc_a * acc_a)))
-                )
+            if ACT == ACT_GELU_TANH:
+                gate = gelu_tanh(acc_a)
             else:
                 gate = acc_a / (1.0 + tl.exp(-acc_a))
             tl.store(

@@ -9,9 +9,7 @@ views of one packed gate/up tensor, or two stacks), or up alone for ungated expe
 hidden, inter]. The activation between the two projections is a constexpr (``ACTIVATIONS``), computed in
 float32 on the projections' float32 accumulators:
 - "silu": silu(gate) * up (DeepSeek, Qwen3-Next, Step-3.5);
-- "gelu_tanh": gelu_tanh(gate) * up, 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))) (Gemma 4's
-  gelu_pytorch_tanh), written as g * sigmoid(2 sqrt(2 / pi) (g + 0.044715 g^3)) (0.5 (1 + tanh z) =
-  sigmoid(2 z));
+- "gelu_tanh": gelu_tanh(gate) * up (Gemma 4's gelu_pytorch_tanh; layers/fused_kernels.py ``gelu_tanh``);
 - "relu2": relu(up)^2, no gate (Nemotron-H);
 - with ``limit`` L (Step-3.5's swiglu_limits, vLLM SwigluStepAndMul): act(gate).clamp(max=L) * up.clamp(-L, L).
 
@@ -104,6 +102,7 @@ import triton.language as tl
 
 from outpace.attention.context import batch_invariant
 from outpace.layers.expert_blocks import SMALL_BLOCK_M
+from outpace.layers.fused_kernels import gelu_tanh
 from outpace.layers.pdl import pdl_enter
 from outpace.layers.quant.quant_matmul_kernel import one_row_max_k
 from outpace.layers.quant.weight_tiles import row_sums, row_times_tile, scale_rows, weight_tile
@@ -274,7 +273,7 @@ def _activation(gate, up, limit, ACT: tl.constexpr, GATED: tl.constexpr, CLAMP: 
     if ACT == "silu":
         h = h * tl.sigmoid(h)
     elif ACT == "gelu_tanh":
-        h = h * tl.sigmoid(1.5957691216057308 * (h + 0.044715 * h * h * h))  # 2 * sqrt(2 / pi)
+        h = gelu_tanh(h)
     else:  # "relu2"
         h = tl.maximum(h, 0.0)
         h = h * h

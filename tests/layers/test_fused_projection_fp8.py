@@ -164,9 +164,9 @@ def test_norm_project_swiglu_over_fp8_is_norm_gate_up_then_silu_mul(invariant):
     _close(out, F.silu(gate) * up)
 
 
-def test_the_quantized_product_gates_silu_in_its_store_and_gelu_after_it(monkeypatch):
-    """On the normal path SiLU's gating is the quantized product's epilogue (``RowEpilogue.swiglu``): no launch
-    of its own; GELU-tanh's still is one (its bits are torch's)."""
+def test_the_quantized_product_gates_silu_and_gelu_in_its_store(monkeypatch):
+    """On the normal path the gating, SiLU's or GELU-tanh's (Gemma), is the quantized product's epilogue
+    (``RowEpilogue.swiglu`` and ``gelu``): the product's output is the gated [M, inter], no launch after it."""
     from outpace.layers import fused_projection
 
     inter, k = 200, 300
@@ -175,14 +175,20 @@ def test_the_quantized_product_gates_silu_in_its_store_and_gelu_after_it(monkeyp
     gate, up = F.linear(rms_norm_torch(x.double(), nw.double(), EPS)[0], dense).chunk(2, dim=-1)
     rows = normed_rows(x.to(DEVICE, _dtype()), nw.to(DEVICE))
     gated = []
-    real = fused_projection.act_and_mul
-    monkeypatch.setattr(fused_projection, "act_and_mul", lambda *a: gated.append(a[0]) or real(*a))
+    real = fused_projection.quant_matmul
+
+    def product(*args, epilogue=None, **kwargs):
+        out = real(*args, epilogue=epilogue, **kwargs)
+        gated.append((epilogue.swiglu, epilogue.gelu, out.shape[1]))
+        return out
+
+    monkeypatch.setattr(fused_projection, "quant_matmul", product)
     _close(norm_project_swiglu(rows, EPS, w), F.silu(gate) * up)
     _close(
         norm_project_swiglu(rows, EPS, w, act="gelu_pytorch_tanh"),
         F.gelu(gate, approximate="tanh") * up,
     )
-    assert gated == ["gelu_pytorch_tanh"]
+    assert gated == [(True, False, inter), (True, True, inter)]
 
 
 @pytest.mark.parametrize(

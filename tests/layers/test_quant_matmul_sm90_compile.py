@@ -8,8 +8,8 @@ tiles, 64 columns a program over 256-column K steps, 3 stages, K split), a 512-c
 launch (Llama-8B's gate_up 28672 x 4096 at one program an SM), and two of the fused residual stack's epilogues
 (``RowEpilogue``: the residual add and the next norm readied; the input norm's factor), each over two tokens;
 and one token's launch (ONE-ROW: the plan's row streams) with the first epilogue; SiLU's gating in the store
-(``RowEpilogue.swiglu``) at one row and two. Each must compile, keep its
-registers (ptxas -v: no spills) and, launched with programmatic dependent launch, prefetch its first weight
+(``RowEpilogue.swiglu``) at one row and two, and GELU-tanh's (``RowEpilogue.gelu``, Gemma's GeGLU). Each must
+compile, keep its registers (ptxas -v: no spills) and, launched with programmatic dependent launch, prefetch its first weight
 lines into L2 before it waits; the 16-row tiles stream the weight through cp.async and multiply with mma.sync
 (under wgmma's M of 64, the weight read from shared memory into registers and dequantized there), the one-row
 tile loads it 16 bytes at a time into registers and uses no tensor cores. Over an INT4 weight (Kimi-K2's expert
@@ -99,13 +99,17 @@ for rows in (1, 8):
     print(f"int4_{rows}", all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
 
 # SiLU's gating in the store (RowEpilogue.swiglu) over Step-3.5's shared expert (2 x 1280 rows of 4096), the input norm's
-# factor folded in, at one row (ONE-ROW) and two (the 16-row tiles): it compiles and keeps its registers
-for rows in (1, 2):
-    gated = lambda n, k, m: qm.RowEpilogue(row_norm=(torch.empty(64, m), 1e-6), swiglu=True)
-    (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], launch(2560, 4096, gated, rows=rows))["_quant_matmul_kernel"]
-    compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
-    ok = kwargs["SWIGLU"] and (kwargs["BM"] == 1) == (rows == 1)
-    print(f"swiglu_{rows}", ok and "0 bytes spill stores" in ptxas_report(compiled))
+# factor folded in, at one row (ONE-ROW) and two (the 16-row tiles), and GELU-tanh's (RowEpilogue.gelu) over
+# Gemma-3-12B's gate/up (2 x 15360 rows of 3840): each compiles and keeps its registers
+for act, n, k in (("swiglu", 2560, 4096), ("gelu", 30720, 3840)):
+    for rows in (1, 2):
+        gated = lambda n, k, m: qm.RowEpilogue(
+            row_norm=(torch.empty(64, m), 1e-6), swiglu=True, gelu=act == "gelu"
+        )
+        (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], launch(n, k, gated, rows=rows))["_quant_matmul_kernel"]
+        compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
+        ok = kwargs["SWIGLU"] and kwargs["GELU"] == (act == "gelu") and (kwargs["BM"] == 1) == (rows == 1)
+        print(f"{act}_{rows}", ok and "0 bytes spill stores" in ptxas_report(compiled))
 
 for name, (run, expected) in cases.items():
     (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
@@ -137,6 +141,8 @@ def test_quant_matmul_launches_compile_for_sm90(tmp_path):
         "int4_8",
         "swiglu_1",
         "swiglu_2",
+        "gelu_1",
+        "gelu_2",
         "plan",
         "bk512",
         "unsplit",

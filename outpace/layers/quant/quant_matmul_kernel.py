@@ -45,10 +45,10 @@ bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on th
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
 layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
 input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times the
-norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU
-(a program's columns half gate rows, half the up rows of the same outputs). The program that stores a tile does
-it (with K split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads nothing
-twice.
+norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU or
+GELU-tanh (a program's columns half gate rows, half the up rows of the same outputs). The program that stores a
+tile does it (with K split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads
+nothing twice.
 
 Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
 the split of N and K alone), so a row's sums over K run in the same order whatever the batch; a split launch
@@ -76,7 +76,7 @@ import triton
 import triton.language as tl
 
 from outpace.attention.context import batch_invariant
-from outpace.layers.fused_kernels import row_rstd
+from outpace.layers.fused_kernels import gelu_tanh, row_rstd
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.weight_tiles import (
     row_sums,
@@ -196,6 +196,7 @@ def _quant_matmul_kernel(
     RESIDUAL: tl.constexpr,
     NEXT_NORM: tl.constexpr,
     SWIGLU: tl.constexpr,  # the weight is [gate | up]: out [M, N / 2] = silu(gate) * up (``RowEpilogue.swiglu``)
+    GELU: tl.constexpr,  # with SWIGLU: gelu_tanh(gate) * up (``RowEpilogue.gelu``)
     BLOCK_P: tl.constexpr,  # num_sq_parts padded to a power of two (ROW_NORM)
 ):
     """Program (row tile, column block, split): rows [r * BM, ...) x columns [c * BN, ...) over the
@@ -277,7 +278,7 @@ def _quant_matmul_kernel(
             res_ptrs = res_ptr + rows.to(tl.int64)[:, None] * stride_rm + cols[None, :]
             total += tl.load(res_ptrs, mask=out_mask, other=0.0).to(tl.float32)
         if SWIGLU:
-            _store_swiglu(total, out_ptr, rows, col_block, M, N // 2, stride_om, BM, BN // 2)
+            _store_swiglu(total, out_ptr, rows, col_block, M, N // 2, stride_om, BM, BN // 2, GELU)
         else:
             out = total.to(out_ptr.dtype.element_ty)
             out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
@@ -307,18 +308,22 @@ def _store_swiglu(
     stride_om,
     BM: tl.constexpr,
     H: tl.constexpr,
+    GELU: tl.constexpr,  # the gate's activation GELU-tanh, not SiLU
 ):
-    """silu(gate) * up of the tile's outputs, rounded as the product's store and layers/fused_kernels.py's
-    ``_silu_and_mul_kernel`` round them (gate and up to out's dtype, silu to it, the product to it): the bits of
-    the two launches it replaces."""
+    """act(gate) * up of the tile's outputs, rounded as the product's store and a gating launch after it round
+    them (gate and up to out's dtype, act to it, the product to it): for SiLU the bits of layers/fused_kernels.py's
+    ``_silu_and_mul_kernel``; GELU-tanh is that file's ``gelu_tanh``, the fused rows' formula."""
     gate, up = tl.split(tl.permute(tl.reshape(total, (BM, 2, H)), (0, 2, 1)))  # [BM, H] each
     dtype = out_ptr.dtype.element_ty
     g = gate.to(dtype).to(tl.float32)
-    silu = tl.div_rn(g, 1.0 + tl.exp(-g)).to(dtype).to(tl.float32)
+    if GELU:
+        act = gelu_tanh(g).to(dtype).to(tl.float32)
+    else:
+        act = tl.div_rn(g, 1.0 + tl.exp(-g)).to(dtype).to(tl.float32)
     outs = col_block * H + tl.arange(0, H)  # [H]
     tl.store(
         out_ptr + rows.to(tl.int64)[:, None] * stride_om + outs[None, :],
-        (silu * up.to(dtype).to(tl.float32)).to(dtype),
+        (act * up.to(dtype).to(tl.float32)).to(dtype),
         mask=(rows < M)[:, None] & (outs < half)[None, :],
     )
 
@@ -369,13 +374,15 @@ class RowEpilogue:
       contiguous and written: the result made ready for the RMSNorm of scale offset + weight that reads it
       next, one part of its sums of squares a column block (``column_blocks``);
     swiglu: the weight [2 * I, K] is gate rows then up rows, and the output [M, I] is silu(gate) * up (with the
-      input norm's factor at most), as the product then layers/fused_kernels.py's SwiGLU launch round it."""
+      input norm's factor at most), as the product then layers/fused_kernels.py's SwiGLU launch round it;
+    gelu: with swiglu, the gate's activation is GELU-tanh (Gemma's GeGLU: layers/fused_kernels.py ``gelu_tanh``)."""
 
     row_norm: tuple[torch.Tensor, float] | None = None
     relu2: bool = False
     residual: torch.Tensor | None = None
     next_norm: tuple[torch.Tensor, float, torch.Tensor, torch.Tensor] | None = None
     swiglu: bool = False
+    gelu: bool = False
 
 
 @dataclass(frozen=True)
@@ -555,6 +562,8 @@ def quant_matmul(
             f"an epilogue finishes a few-row product (at most {FEW_ROWS} rows), not {m}"
         )
     swiglu = epilogue is not None and epilogue.swiglu
+    if epilogue is not None and epilogue.gelu and not swiglu:
+        raise ValueError("a GELU epilogue gates [gate | up] rows: it comes with swiglu")
     if swiglu and (n % 2 or epilogue.relu2 or epilogue.residual is not None or epilogue.next_norm):
         raise ValueError(
             f"a SwiGLU epilogue gates an even number of rows ({n}: gate, then up), with the input norm at"
@@ -708,6 +717,7 @@ def _launch(
         RESIDUAL=epilogue.residual is not None,
         NEXT_NORM=epilogue.next_norm is not None,
         SWIGLU=epilogue.swiglu,
+        GELU=epilogue.gelu,
         BLOCK_P=triton.next_power_of_2(sq_in.shape[0]) if epilogue.row_norm is not None else 1,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
