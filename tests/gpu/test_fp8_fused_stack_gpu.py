@@ -3,8 +3,8 @@ whole 128 x 128 blocks) decodes on the fused few-row stack with the GPU's own ru
 weight (nothing forced): every layer's packed fp8 q/k/v through ``norm_project_qkv`` (the quantized product,
 then the per-head kernel), and one decode forward's logits and KV caches those of the same checkpoint run
 eagerly, to bf16 rounding. (Against the dequantized twin in float32 both paths are 0.11 apart on the H100: the
-eager fp8 path quantizes its activations per token, 1 x 128; fused and eager were 0.0033 apart. The CPU tests
-compare with the twin: tests/layers/test_fused_projection_fp8.py.)
+eager fp8 path quantizes its activations per token, 1 x 128; fused and eager were 0.0033 apart:
+benchmarks/scripts/diag_fp8_fused_error.py. The CPU tests compare with the twin: test_fused_projection_fp8.py.)
 
 Run: python -m pytest -q tests/gpu/test_fp8_fused_stack_gpu.py
 """
