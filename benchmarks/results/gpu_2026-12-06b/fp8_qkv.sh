@@ -15,7 +15,7 @@ fi
 cp -r outpace /tmp/before/
 sed -i 's/and fusable_qkv(x, attn.qkv.weight)/and fusable_rows(x, attn.qkv.weight)/' /tmp/before/outpace/layers/fused_decoder.py
 grep -c "fusable_rows(x, attn.qkv.weight)" /tmp/before/outpace/layers/fused_decoder.py
-[ -f .diag/fp8_err.py ] && PYTHONPATH=.:tests timeout 120 python3 .diag/fp8_err.py 2>&1 | grep -E "vs|Error"
+PYTHONPATH=.:tests timeout 120 python3 benchmarks/scripts/diag_fp8_fused_error.py 2>&1 | grep -E "from|Error"
 for side in before after; do
   root=$PWD; [ $side = before ] && root=/tmp/before
   # (from the copy's root: python -m puts the working directory first on sys.path, before PYTHONPATH)
