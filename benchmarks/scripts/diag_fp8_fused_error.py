@@ -18,17 +18,8 @@ import torch
 from helpers.fused_decode import decode_forward
 from helpers.hf_models import save_hf_model
 from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
-from helpers.qwen3_moe_models import make_qwen3_moe
+from helpers.qwen3_moe_models import BLOCK_128, make_qwen3_moe
 from outpace.layers import fused_decoder
-
-SHAPE = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    moe_intermediate_size=128,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=128,
-)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -39,7 +30,7 @@ def main() -> None:
     config = block_fp8_config((128, 128), modules_to_not_convert=["lm_head"])
     for name, layers in (("mixture", {}), ("dense", dict(mlp_only_layers=[0, 1, 2, 3]))):
         tmp = Path(tempfile.mkdtemp())
-        src = save_hf_model(make_qwen3_moe("renormalised", **SHAPE, **layers), tmp / "bf16")
+        src = save_hf_model(make_qwen3_moe("renormalised", **BLOCK_128, **layers), tmp / "bf16")
         q_dir, twin = write_quantized(src, tmp, "fp8_block", is_projection, config, torch.bfloat16)
         patch = pytest.MonkeyPatch()
         reference, _ = decode_forward(twin, patch, torch.float32, lambda x, w: False)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.fused_decode import decode_forward
+from helpers.fused_decode import decode_forward, record_qkv_weights
 from helpers.hf_models import save_hf_model
 from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
-from helpers.qwen3_moe_models import make_qwen3_moe
-from outpace.layers import fused_decoder, fused_projection
+from helpers.qwen3_moe_models import BLOCK_128, make_qwen3_moe
+from outpace.layers import fused_decoder
 from outpace.layers.quant.fp8_weight import Fp8Weight
 
 pytestmark = [
@@ -26,31 +26,15 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-# two 128-wide q heads and one k/v head: q/k/v of 512 rows, every projection whole 128 x 128 blocks
-SHAPE = dict(
-    hidden_size=256,
-    intermediate_size=512,
-    moe_intermediate_size=128,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=128,
-)
-
 
 def test_block_fp8_qwen3_moe_decodes_on_the_fused_stack(tmp_path, monkeypatch):
-    src = save_hf_model(make_qwen3_moe("renormalised", **SHAPE), tmp_path / "bf16")
+    src = save_hf_model(make_qwen3_moe("renormalised", **BLOCK_128), tmp_path / "bf16")
     config = block_fp8_config((128, 128), modules_to_not_convert=["lm_head"])
     q_dir, _ = write_quantized(src, tmp_path, "fp8_block", is_projection, config, torch.bfloat16)
     eager_logits, eager_caches = decode_forward(
         q_dir, monkeypatch, torch.bfloat16, lambda x, w: False
     )
-    qkv_weights = []
-    real = fused_projection.norm_project_qkv
-    monkeypatch.setattr(
-        fused_projection,
-        "norm_project_qkv",
-        lambda rows, eps, qkv, *a, **kw: qkv_weights.append(qkv) or real(rows, eps, qkv, *a, **kw),
-    )
+    qkv_weights = record_qkv_weights(monkeypatch)
     logits, caches = decode_forward(q_dir, monkeypatch, torch.bfloat16, fused_decoder.fusable_rows)
     assert len(qkv_weights) == 4 and all(isinstance(w, Fp8Weight) for w in qkv_weights)
     err = ((logits - eager_logits).norm() / eager_logits.norm()).item()

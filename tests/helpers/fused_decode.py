@@ -55,3 +55,19 @@ def record_fp8_epilogues(monkeypatch) -> list[tuple[bool, bool]]:
 
     monkeypatch.setattr(fused_projection, "quant_matmul", product)
     return finished
+
+
+def record_qkv_weights(monkeypatch) -> list:
+    """A spy on the fused q/k/v projections (layers/fused_projection.py ``norm_project_qkv``) until the monkeypatch
+    is undone: the list it returns gets each call's packed weight (a tensor or an ``Fp8Weight``)."""
+    from outpace.layers import fused_projection
+
+    weights = []
+    real = fused_projection.norm_project_qkv
+
+    def project(rows, eps, qkv, *args, **kwargs):
+        weights.append(qkv)
+        return real(rows, eps, qkv, *args, **kwargs)
+
+    monkeypatch.setattr(fused_projection, "norm_project_qkv", project)
+    return weights

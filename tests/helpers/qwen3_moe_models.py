@@ -25,6 +25,16 @@ BASE = dict(
     max_position_embeddings=256,
     rope_parameters={"rope_type": "default", "rope_theta": 1e4},
 )
+# fields beside BASE for a model of whole 128 x 128 blocks (the published block-FP8 checkpoints' and the GPU's fp8
+# kernels' block): two 128-wide q heads and one k/v head, q/k/v of 512 rows
+BLOCK_128 = dict(
+    hidden_size=256,
+    intermediate_size=512,
+    moe_intermediate_size=128,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,
+)
 # variant -> config fields beside BASE
 VARIANTS = {
     # layer 1 dense (mlp_only_layers), the others mixtures; top-k weights renormalised

@@ -340,10 +340,9 @@ def test_fp8_qkv_runs_fused_where_the_gpu_leaves_fp8_to_the_quantized_product(
     the dequantized twin's logits and KV: the attention block must ask ``fusable_qkv``, not ``fusable_rows``
     (it asked the latter, and Qwen3-30B-A3B-FP8's layers ran eagerly: 16 launches a layer against bf16's 11)."""
     import outpace.layers.fused_decoder as fused_decoder
-    from helpers.fused_decode import decode_forward
+    from helpers.fused_decode import decode_forward, record_qkv_weights
     from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
     from helpers.spec_models import random_llama
-    from outpace.layers import fused_projection
 
     src = random_llama(tmp_path / "src", vocab_size=50, seed=0, std=0.2)
     quantized, reference = write_quantized(
@@ -355,13 +354,7 @@ def test_fp8_qkv_runs_fused_where_the_gpu_leaves_fp8_to_the_quantized_product(
     few = lambda x, w: x.shape[0] <= 16  # noqa: E731 (the quantized product's rows)
     monkeypatch.setattr(fused_decoder, "fusable_qkv", few)
     monkeypatch.setattr(fused_decoder, "fusable_output", few)
-    qkv_weights = []
-    real = fused_projection.norm_project_qkv
-    monkeypatch.setattr(
-        fused_projection,
-        "norm_project_qkv",
-        lambda rows, eps, qkv, *a, **kw: qkv_weights.append(qkv) or real(rows, eps, qkv, *a, **kw),
-    )
+    qkv_weights = record_qkv_weights(monkeypatch)
     logits, caches = decode_forward(
         quantized,
         monkeypatch,
