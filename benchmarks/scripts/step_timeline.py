@@ -6,7 +6,7 @@ time (with programmatic dependent launch a kernel is timed from its early start,
 previous kernel's time).
 
     PYTHONPATH=. python3 benchmarks/scripts/step_timeline.py OUT SHAPE[@BATCH] ... [--batch-invariant]
-        [--quantized fp8|int4]
+        [--quantized fp8|fp8-published|int4|w4a16]
 
 writes OUT/timeline_SHAPE@BATCH.txt (every kernel of the second profiled step; ``_invariant`` and ``_fp8`` /
 ``_int4`` added to the name for those modes) and prints its first ``--lines`` lines."""
@@ -17,7 +17,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from outpace.bench.families import bench_shapes, build, close
+from outpace.bench.families import QUANTIZATION_CONFIGS, bench_shapes, build, close
 from outpace.bench.profile import decode_step_timeline
 
 CONTEXT = 512
@@ -44,7 +44,9 @@ def main() -> None:
     parser.add_argument("shapes", nargs="+", help="SHAPE[@BATCH]")
     parser.add_argument("--lines", type=int, default=60)
     parser.add_argument("--batch-invariant", action="store_true")
-    parser.add_argument("--quantized", choices=("fp8", "int4"), help="as bench/families.py's")
+    parser.add_argument(
+        "--quantized", choices=sorted(QUANTIZATION_CONFIGS), help="as bench/families.py's"
+    )
     args = parser.parse_args()
     suffix = ("_invariant" if args.batch_invariant else "") + (
         f"_{args.quantized}" if args.quantized else ""

@@ -29,6 +29,8 @@ published layout differs (``QUANTIZED_SHAPES``).
 ``--quantized int4``: Kimi-K2-Thinking's compressed-tensors W4A16 config (INT4 routed experts, packed words
 of random nibbles with bf16 group scales; attention, shared experts, dense MLPs and head bf16), for the
 DeepSeek-V3-architecture shapes its ignore list is written for (``QUANTIZED_SHAPES``).
+``--quantized w4a16``: the same format on every decoder projection, the head bf16, in groups of 128 (RedHatAI's w4a16
+releases, Gemma 4 QAT's layout), for Llama-3.1-8B and Gemma-3-12B.
 ``qwen3-next-80b`` is the whole model: it runs quantized only (``NEEDS_QUANTIZATION``), and in place of the
 n-gram verify sweep its own MTP layer (a third engine) gives the captured step's cost with 0..3 drafts and
 the speed-up they give under ORACLE acceptance (assumed, not measured: random weights accept nothing),
@@ -417,6 +419,24 @@ QUANTIZATION_CONFIGS = {
         ],
     },
 }
+# --quantized w4a16: compressed-tensors pack-quantized INT4 on every decoder projection, the head kept: the layout of
+# huggingface.co/RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16 ("Only the weights of the linear operators
+# within transformers blocks are quantized", symmetric groups of 128) and of Gemma 4 QAT's w4a16 releases (every
+# language-model projection: tests/models/test_quantized_checkpoints.py), which the fused stack reads through the
+# quantized product (layers/quant/int4_weight.py)
+QUANTIZATION_CONFIGS["w4a16"] = {
+    **QUANTIZATION_CONFIGS["int4"],
+    "config_groups": {
+        "group_0": {
+            **QUANTIZATION_CONFIGS["int4"]["config_groups"]["group_0"],
+            "weights": {
+                **QUANTIZATION_CONFIGS["int4"]["config_groups"]["group_0"]["weights"],
+                "group_size": 128,
+            },
+        }
+    },
+    "ignore": ["lm_head"],
+}
 # --quantized fp8-published: block FP8 as a family's own FP8 checkpoint lays it out where that keeps projections
 # unquantized beside the fp8 ones (``modules_to_not_convert``, by model_type): Qwen3-Next-80B-A3B-Instruct-FP8 its
 # in_proj_ba, the Qwen3.5 FP8 releases their in_proj_b and in_proj_a (tests/models/test_quantized_checkpoints.py
@@ -436,6 +456,7 @@ QUANTIZED_SHAPES = {
     "fp8": None,
     "fp8-published": ("qwen3-next-80b-slice", "qwen3-next-80b", "qwen3.5", "qwen3.5-35b-a3b"),
     "int4": ("deepseek-v3-slice", "kimi-k2-slice"),
+    "w4a16": ("llama-3.1-8b", "gemma-3-12b"),
 }
 # The shapes that run quantized only, and why.
 NEEDS_QUANTIZATION = {

@@ -25,7 +25,8 @@ from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.linear import column_parallel, project, row_parallel
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
-from outpace.layers.quant.linear import Fp8Block, Fp8Channel, Fp8Tensor, QuantizedLinear
+from outpace.layers.quant.int4_weight import Int4Weight
+from outpace.layers.quant.linear import Fp8Block, Fp8Channel, Fp8Tensor, Int4Group, QuantizedLinear
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.model_config import ModelConfig
 
@@ -203,17 +204,19 @@ class PackedProjection:
     added and checkpoints, training and every other caller still see the separate projections.
     Not an nn.Module: the parameters stay registered where the checkpoint names them.
 
-    Projections stored in fp8 (``packable``) pack their fp8 weights and their scales alike: ``weight`` is
-    then an ``Fp8Weight`` (layers/quant/fp8_weight.py), which the fused few-row kernels read as they read
-    a half-precision one."""
+    Projections stored quantized (``packable``) pack their stored weights and their scales alike: ``weight`` is
+    then an ``Fp8Weight`` or an ``Int4Weight`` (layers/quant/fp8_weight.py, int4_weight.py), which the fused
+    few-row kernels read as they read a half-precision one."""
 
     def __init__(self, projections: list[nn.Module]) -> None:
         self.sizes = [p.out_features for p in projections]
         self.bias = None
         if isinstance(projections[0], QuantizedLinear):
-            parts = [p.fp8_weight() for p in projections]
+            parts = [p.kernel_weight() for p in projections]
             per_tensor = isinstance(projections[0].format, Fp8Tensor)
-            self.weight = (Fp8Weight.packed_per_tensor if per_tensor else Fp8Weight.packed)(parts)
+            self.weight = (Fp8Weight.packed_per_tensor if per_tensor else type(parts[0]).packed)(
+                parts
+            )
             start = 0
             for p, size in zip(projections, self.sizes):
                 part = self.weight.rows(start, start + size)
@@ -233,7 +236,7 @@ class PackedProjection:
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """x [n, in] -> one [n, out_i] view per projection."""
-        if isinstance(self.weight, Fp8Weight):
+        if isinstance(self.weight, (Fp8Weight, Int4Weight)):
             return self.weight.project(x).split(self.sizes, dim=-1)
         return project(x, self.weight, self.bias).split(self.sizes, dim=-1)
 
@@ -242,10 +245,18 @@ def packable(projections: list[nn.Module]) -> bool:
     """Whether ``PackedProjection`` packs these: half-precision projections, block-FP8 ones (or per-channel ones:
     blocks of one row) without bias of one block and scale dtype whose parts (but the last) hold whole blocks of
     rows, or per-tensor FP8 ones without
-    bias of one scale dtype (``Fp8Weight.packed_per_tensor``: blocks of their rows' common divisor). INT4
-    projections stay separate."""
+    bias of one scale dtype (``Fp8Weight.packed_per_tensor``: blocks of their rows' common divisor), or INT4 ones
+    without bias of one group and scale dtype (a scale a row's group: any rows pack)."""
     if all(isinstance(p, nn.Linear) for p in projections):
         return True
+    if all(
+        isinstance(p, QuantizedLinear) and isinstance(p.format, Int4Group) and p.bias is None
+        for p in projections
+    ):
+        weights = [p.kernel_weight() for p in projections]
+        return all(
+            (w.group, w.scale.dtype) == (weights[0].group, weights[0].scale.dtype) for w in weights
+        )
     if all(
         isinstance(p, QuantizedLinear) and isinstance(p.format, Fp8Tensor) and p.bias is None
         for p in projections
@@ -258,7 +269,7 @@ def packable(projections: list[nn.Module]) -> bool:
         for p in projections
     ):
         return False
-    weights = [p.fp8_weight() for p in projections]
+    weights = [p.kernel_weight() for p in projections]
     if any(w.block != weights[0].block or w.scale.dtype != weights[0].scale.dtype for w in weights):
         return False
     return all(w.shape[0] % w.block[0] == 0 for w in weights[:-1])
@@ -270,8 +281,7 @@ def pack_projections(model: nn.Module) -> None:
     q/k_proj alone, q and k: Gemma 4's layers whose v is k's projection) and the
     in-projections of a module that lists them (``in_projections()`` beside an ``in_proj`` None: gated
     DeltaNet's; all of them, else as many of the first as pack); a module with a ``pack_rows()`` packs its own.
-    Projections stored quantized (layers/quant/linear.py) pack where they are block FP8 (``packable``),
-    else stay separate."""
+    Projections stored quantized (layers/quant/linear.py) pack where ``packable`` says so, else stay separate."""
     for module in model.modules():
         if (
             isinstance(module, DecoderAttention) or getattr(module, "k_proj", None) is not None

@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from outpace.attention.context import batch_invariant
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import RankGroup
 from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
@@ -53,6 +54,7 @@ from outpace.layers.linear import is_sharded
 from outpace.layers.moe import ReadyStream, RowNorm
 from outpace.layers.norm import RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.int4_weight import Int4Weight
 from outpace.layers.quant.linear import QuantizedLinear
 
 
@@ -78,31 +80,32 @@ def fusable_rows(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.is_cuda and projection_kernels().fused_rows_apply(x, weight)
 
 
-def fusable_output(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
+def fusable_output(x: torch.Tensor, weight: torch.Tensor | Fp8Weight | Int4Weight) -> bool:
     """Whether ``project_add_ready`` and ``mlp_fused`` serve x [n, in] @ weight.T: where the fused kernels read
-    the weight (``fusable_rows``), or for an fp8 weight on few rows its quantized product, the residual add and
-    the next norm's readying in the product's store (layers/fused_projection.py ``quantized_rows_apply``)."""
+    the weight (``fusable_rows``), or for an fp8 or INT4 weight on few rows its quantized product, the residual
+    add and the next norm's readying in the product's store (layers/fused_projection.py ``quantized_rows_apply``)."""
     return fusable_rows(x, weight) or (
         x.is_cuda and projection_kernels().quantized_rows_apply(x, weight)
     )
 
 
-def fusable_qkv(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> bool:
+def fusable_qkv(x: torch.Tensor, weight: torch.Tensor | Fp8Weight | Int4Weight) -> bool:
     """Whether ``norm_project_qkv`` (layers/fused_projection.py) serves x [n, in] @ weight.T with its
-    per-head work: where the fused kernels read the weight (``fusable_rows``), or for a block-FP8 weight
+    per-head work: where the fused kernels read the weight (``fusable_rows``), or for an fp8 or INT4 weight
     on few rows (``quantized_qkv_apply``: the quantized product, then the per-head kernel)."""
     return fusable_rows(x, weight) or (
         x.is_cuda and projection_kernels().quantized_qkv_apply(x, weight)
     )
 
 
-def fused_weight(proj) -> torch.Tensor | Fp8Weight | None:
+def fused_weight(proj) -> torch.Tensor | Fp8Weight | Int4Weight | None:
     """The weight the fused kernels read for a projection: a projection's or a packed one's
-    (layers/decoder.py ``PackedProjection``: a tensor or an ``Fp8Weight``), a projection stored in fp8 as
-    an ``Fp8Weight``; None where they cannot read it (INT4)."""
-    if isinstance(proj, QuantizedLinear):
-        return proj.fp8_weight()
-    return proj.weight
+    (layers/decoder.py ``PackedProjection``: a tensor, an ``Fp8Weight`` or an ``Int4Weight``), a projection
+    stored quantized as its ``kernel_weight``; None where they cannot read it: INT4 in batch-invariant mode (the
+    quantized product, the one kernel that reads it, is not batch-invariant; layers/fused_projection.py
+    ``_quantized_product``)."""
+    weight = proj.kernel_weight() if isinstance(proj, QuantizedLinear) else proj.weight
+    return None if isinstance(weight, Int4Weight) and batch_invariant() else weight
 
 
 def norm_offset(norm: nn.Module) -> float:
@@ -232,7 +235,9 @@ def project_fused(
     weight = attn.qkv.weight
     if kv_only:
         weight = (
-            weight.rows(attn.q_size) if isinstance(weight, Fp8Weight) else weight[attn.q_size :]
+            weight.rows(attn.q_size)
+            if isinstance(weight, (Fp8Weight, Int4Weight))
+            else weight[attn.q_size :]
         )
     q = projection_kernels().norm_project_qkv(
         rows,

@@ -39,12 +39,14 @@ a row are reduced in the order of the programs that wrote them, and the tiles, t
 the warps are chosen from N, K and the epilogue alone (``_launch_grid``), never from M; so a row's bits
 depend on its own input row only, whether it is decoded alone or verified among 64.
 
-Weights stored in fp8 (``Fp8Weight``): outside batch-invariant mode the plain and SwiGLU entries hand them to the
-split-K quantized product (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than these
-kernels' stream and finishes its tiles with the same epilogue (the input norm's factor, relu^2, the residual,
-the next norm readied, SiLU's or GELU-tanh's gating): ``quantized_rows_apply``. That puts fp8 models on
-the fused residual stack (DeepSeek-V2-Lite's block-FP8 layers ran eagerly before, each block norm a launch of
-its own: benchmarks/results/gpu_2026-12-01i).
+Weights stored in fp8 (``Fp8Weight``) or INT4 (``Int4Weight``, Gemma 4 QAT's projections): outside batch-invariant
+mode the plain and SwiGLU entries hand them to the split-K quantized product (layers/quant/quant_matmul_kernel.py),
+which reads fp8 faster at few rows than these kernels' stream (and INT4, which they do not read) and finishes its
+tiles with the same epilogue (the input norm's factor, relu^2, the residual, the next norm readied, SiLU's or
+GELU-tanh's gating): ``quantized_rows_apply``. That puts quantized models on the fused residual stack
+(DeepSeek-V2-Lite's block-FP8 layers ran eagerly before, each block norm a launch of its own:
+benchmarks/results/gpu_2026-12-01i). In batch-invariant mode INT4 weights stay off it (layers/fused_decoder.py
+``fused_weight``).
 
 On Hopper GPUs the kernels launch with programmatic dependent launch (layers/pdl.py).
 With TRITON_INTERPRET=1 the kernels also run on CPU tensors (float32), which is how the tests check
@@ -72,6 +74,7 @@ from outpace.layers.normed_rows import NormedRows
 from outpace.layers.pdl import pdl_available, pdl_launch_options
 from outpace.layers.qkv_heads_kernel import qkv_heads_kernel
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.int4_weight import Int4Weight
 from outpace.layers.quant.quant_matmul_kernel import RowEpilogue, column_blocks, quant_matmul
 from outpace.layers.skinny_gemm import MAX_ROWS
 from outpace.layers.sm_count import num_sms
@@ -112,9 +115,9 @@ fp8_max_stages = 8
 
 
 def _quantized_product(weight) -> bool:
-    """Whether the fused kernels leave this weight to the quantized product: an fp8 weight outside
-    batch-invariant mode (``fused_rows_apply`` says why)."""
-    return isinstance(weight, Fp8Weight) and not batch_invariant()
+    """Whether the fused kernels leave this weight to the quantized product: an fp8 or INT4 weight outside
+    batch-invariant mode (``fused_rows_apply`` says why; the fused kernels never read INT4)."""
+    return isinstance(weight, (Fp8Weight, Int4Weight)) and not batch_invariant()
 
 
 def quantized_rows_apply(x: torch.Tensor, weight) -> bool:
@@ -128,13 +131,13 @@ def quantized_rows_apply(x: torch.Tensor, weight) -> bool:
         _quantized_product(weight)
         and _served_rows(x)
         and weight.weight.stride(1) == 1
-        and weight.block[1] & (weight.block[1] - 1) == 0
+        and weight.scale_block[1] & (weight.scale_block[1] - 1) == 0
     )
 
 
 def _quantized_launch(
     x: torch.Tensor,
-    weight: Fp8Weight,
+    weight: Fp8Weight | Int4Weight,
     out: torch.Tensor,
     epilogue: int,
     half: int,
@@ -160,12 +163,21 @@ def _quantized_launch(
 
 
 def _finished_product(
-    x: torch.Tensor, weight: Fp8Weight, epilogue: RowEpilogue, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: Fp8Weight | Int4Weight,
+    epilogue: RowEpilogue,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] @ the fp8 weight's real values.T, its tiles finished by ``epilogue``: the quantized product
+    """x [M, K] @ the quantized weight's real values.T, its tiles finished by ``epilogue``: the quantized product
     (layers/quant/quant_matmul_kernel.py ``quant_matmul``), into ``out`` when given."""
     return quant_matmul(
-        x, weight.weight, weight.scale, "fp8_block", weight.block, epilogue=epilogue, out=out
+        x,
+        weight.weight,
+        weight.scale,
+        weight.format,
+        weight.scale_block,
+        epilogue=epilogue,
+        out=out,
     )
 
 
@@ -175,7 +187,7 @@ def _next_norm_parts(x: torch.Tensor, weight) -> int:
     m, k = x.shape
     n = weight.shape[0]
     if _quantized_product(weight):
-        return column_blocks(m, n, k, "fp8_block", weight.block[1], x.device)
+        return column_blocks(m, n, k, weight.format, weight.scale_block[1], x.device)
     grid = _launch_grid(n, PLAIN.value, n, x.device)
     return grid.programs * grid.subs
 
@@ -215,6 +227,8 @@ def fused_rows_apply(x: torch.Tensor, weight: torch.Tensor) -> bool:
     The mode's bit-identity on the GPU (tests/gpu/test_batch_invariant_gpu.py) failed with this rule until
     ``fused_rows_kernel`` stopped specializing M (its comment says why); it passes on the H200 since
     (benchmarks/results/gpu_2026-11-30, call 5)."""
+    if isinstance(weight, Int4Weight):  # (the quantized product reads it: ``quantized_rows_apply``)
+        return False
     if isinstance(weight, Fp8Weight):
         # fp8 weights in batch-invariant mode only (a row's bits independent of M): on the normal path the
         # split-K quantized kernel (layers/quant/quant_matmul_kernel.py) reads them faster. One program an SM
@@ -702,8 +716,8 @@ def norm_project_qkv(
     split_heads: bool | None = None,
     v_from_k: bool = False,
 ) -> torch.Tensor:
-    """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor or an ``Fp8Weight``); positions,
-    slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
+    """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor, an ``Fp8Weight`` or an ``Int4Weight``);
+    positions, slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
     [num_blocks, block_size, kv_heads, head_dim] (contiguous). Computes [q | k | v] = RMSNorm(rows.stream)
     @ qkv.T (rows @ qkv.T for a tensor ``rows`` [M, K] that is already normalised: ``eps`` unused),
     normalises each q and k head when ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given
@@ -713,8 +727,8 @@ def norm_project_qkv(
     normalised too, without a weight (Gemma 4). ``v_from_k``: qkv is [q_size + kv_size, K], q and k rows
     only, and v is k's projection before k's norm and RoPE (Gemma 4's attention_k_eq_v layers).
     Two kernels, the projection and then ``qkv_heads_kernel`` per head, where ``split_heads`` asks for it
-    (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 weight outside
-    batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
+    (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 or INT4 weight
+    outside batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
     fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None

@@ -92,6 +92,7 @@ from outpace.layers.moe import (
 )
 from outpace.layers.norm import Float32RMSNorm
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.int4_weight import Int4Weight
 from outpace.layers.rotary import RotaryEmbedding
 from outpace.layers.router import Router
 from outpace.model_config import ModelConfig
@@ -268,15 +269,17 @@ class Step3p5Attention(nn.Module):
         a launch of its own, then applied by the attention's launch as well (``attend_fused_qkv``'s
         ``out_gate``)."""
         sizes = self.in_proj.sizes
-        weight = self.in_proj.weight  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight of them)
-        fp8 = isinstance(weight, Fp8Weight)
+        weight = (
+            self.in_proj.weight
+        )  # [q | k | v (| g)] rows, contiguous (or an Fp8Weight / Int4Weight of them)
+        quantized = isinstance(weight, (Fp8Weight, Int4Weight))
         kernel_rows = fused_decoder.kernel_rows(rows)
         if self.g_proj is not None and self._packs_gate():
             return attend_fused_qkv_gate(
                 self, positions, kernel_rows, eps, weight, sizes[0], sizes[3]
             )  # [num_tokens, heads * head_dim]
         qkv_rows = sum(sizes[:3])
-        qkv = weight.rows(0, qkv_rows) if fp8 else weight[:qkv_rows]
+        qkv = weight.rows(0, qkv_rows) if quantized else weight[:qkv_rows]
         gate = None  # [num_tokens, heads]: one logit per head
         if self.g_proj is not None and isinstance(rows, torch.Tensor):  # x normalised
             gate = weight.rows(qkv_rows).project(rows) if self._packs_gate() else self.g_proj(rows)

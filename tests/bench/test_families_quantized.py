@@ -5,6 +5,7 @@ MTP layer's rows under ORACLE acceptance, and the table beside other runs (``--c
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -67,6 +68,27 @@ def test_int4_quantizes_the_routed_experts_alone_with_random_words_and_bf16_scal
     budget = step_budget(llm, config)
     hidden, inter = config["hidden_size"], config["moe_intermediate_size"]
     assert budget.expert == 3 * (inter * hidden // 8 * 4 + inter * hidden // 32 * 2)
+    outs = llm.generate([[5, 9, 2, 7, 1]], GREEDY)
+    assert len(outs[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "gemma-3-12b"])
+def test_w4a16_quantizes_every_decoder_projection_in_groups_of_128(name, tmp_path):
+    """``--quantized w4a16`` (RedHatAI's w4a16 releases, Gemma 4 QAT's layout): q/k/v/o and gate/up/down of every
+    layer INT4 (in groups of 128; of 8 on the shrunk shape), the head kept, and the model generates."""
+    config = tiny(bench_shapes("w4a16", [name])[name])
+    config["quantization_config"] = copy.deepcopy(config["quantization_config"])  # (edited below)
+    weights = config["quantization_config"]["config_groups"]["group_0"]["weights"]
+    assert weights["group_size"] == 128
+    weights["group_size"] = (
+        8  # (the shrunk shape's widths are not whole groups of 128: a dummy load skips those)
+    )
+    llm = tiny_llm(config, tmp_path)
+    layers = quantized_modules(llm)
+    leaves = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert len(layers) == len(leaves) * config["num_hidden_layers"]
+    assert {n.rpartition(".")[2] for n in layers} == leaves
+    assert all(m.stored_weight.dtype == torch.int32 for m in layers.values())
     outs = llm.generate([[5, 9, 2, 7, 1]], GREEDY)
     assert len(outs[0].token_ids) == 3
 

@@ -249,24 +249,11 @@ def test_fused_gemma_layers_compute_what_the_eager_ones_do(variant, gemma, monke
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(
-    DEVICE == "cuda", reason="16-column FP8 blocks: the GPU's fp8 prefill takes 64 or more"
-)
-def test_block_fp8_gemma3_runs_fused_where_the_gpu_leaves_fp8_to_the_quantized_product(
-    tmp_path, monkeypatch
-):
-    """On the GPU outside batch-invariant mode the fused kernels do not read fp8 weights (``fused_rows_apply``
-    says no) and the quantized product serves them (``fusable_qkv``). Those answers emulated, a Gemma 3 in block
-    FP8 still runs every layer fused (q/k/v through the quantized product and the per-head kernel, o_proj and
-    down_proj readying the sandwich norms in the product's store) and gives the dequantized twin's logits and
-    KV. (It asked ``fusable_rows``: Gemma-3-12B in FP8 ran eagerly, 970 launches a step against bf16's 443.)"""
-    import outpace.layers.fused_sandwich as fused_sandwich
-    from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
-    from outpace.layers.quant.fp8_weight import Fp8Weight
-
-    torch.manual_seed(0)
-    # q, k and v of 32, 16 and 16 rows: whole 16-row blocks, so that they pack in fp8
-    config = transformers.Gemma3TextConfig(
+# (quantization, config): a Gemma 3 in block FP8 (q, k and v of 32, 16 and 16 rows: whole 16-row blocks, so that
+# they pack) and a Gemma 4 in INT4 (Gemma 4 QAT's layout, groups of 8: every width a multiple of 8), both
+# with their q/k/v packed
+QUANTIZED_GEMMAS = {
+    "fp8-gemma3": lambda: transformers.Gemma3TextConfig(
         **dict(
             GEMMA3_TEXT,
             head_dim=8,
@@ -275,16 +262,62 @@ def test_block_fp8_gemma3_runs_fused_where_the_gpu_leaves_fp8_to_the_quantized_p
             num_attention_heads=4,
             num_key_value_heads=2,
         )
+    ),
+    "int4-gemma4": lambda: transformers.Gemma4TextConfig(
+        **dict(
+            GEMMA4_TEXT,
+            hidden_size=64,
+            intermediate_size=96,
+            num_attention_heads=4,
+            head_dim=8,
+            global_head_dim=16,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        )
+    ),
+}
+
+
+@pytest.mark.skipif(
+    DEVICE == "cuda", reason="16-column FP8 blocks: the GPU's fp8 prefill takes 64 or more"
+)
+@pytest.mark.parametrize("variant", list(QUANTIZED_GEMMAS))
+def test_quantized_gemma_runs_fused_where_the_gpu_leaves_it_to_the_quantized_product(
+    variant, tmp_path, monkeypatch
+):
+    """On the GPU outside batch-invariant mode the fused kernels read no fp8 or INT4 weight (``fused_rows_apply``
+    says no) and the quantized product serves them (``fusable_qkv``). Those answers emulated, a Gemma 3 in block
+    FP8 and a Gemma 4 in INT4 still run every layer fused (q/k/v through the quantized product and the per-head
+    kernel, the GELU-tanh gating and the sandwich norms readied in the product's store) and give the dequantized
+    twin's logits and KV. (Gemma's layers asked ``fusable_rows``: Gemma-3-12B in FP8 ran eagerly, 970 launches a
+    step against bf16's 443; INT4 projections did not pack and ran eagerly everywhere.)"""
+    import outpace.layers.fused_sandwich as fused_sandwich
+    from helpers.quantized_checkpoints import (
+        block_fp8_config,
+        int4_config,
+        is_projection,
+        write_quantized,
     )
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    from outpace.layers.quant.fp8_weight import Fp8Weight
+    from outpace.layers.quant.int4_weight import Int4Weight
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(
+        QUANTIZED_GEMMAS[variant](), dtype=torch.float32
+    )
     src = save_hf_model(model.eval(), tmp_path / "src")
-    quantized, reference = write_quantized(
-        src, tmp_path / "q", "fp8_block", is_projection, block_fp8_config((16, 16))
+    method, config = (
+        ("fp8_block", block_fp8_config((16, 16)))
+        if variant.startswith("fp8")
+        else ("int4_group", int4_config(8))
     )
+    quantized, reference = write_quantized(src, tmp_path / "q", method, is_projection, config)
     ref_logits, ref_caches, _ = _decode(reference, monkeypatch, lambda x, w: False)
     monkeypatch.setattr(fused_sandwich, "fusable_qkv", lambda x, w: x.shape[0] <= 16)
     logits, caches, fused = _decode(
-        quantized, monkeypatch, lambda x, w: x.shape[0] <= 16 and not isinstance(w, Fp8Weight)
+        quantized,
+        monkeypatch,
+        lambda x, w: x.shape[0] <= 16 and not isinstance(w, (Fp8Weight, Int4Weight)),
     )
     assert fused == 3, "every layer should run fused"
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)

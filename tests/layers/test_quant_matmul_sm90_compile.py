@@ -15,7 +15,7 @@ lines into L2 before it waits; the 16-row tiles stream the weight through cp.asy
 tile loads it 16 bytes at a time into registers and uses no tensor cores. Over an INT4 weight (Kimi-K2's expert
 gate/up, group 32, bf16 scales): at one row the one-row tile (no tensor cores, no conversion instruction), at eight
 the plan's INT4 tiles, the nibbles turned into bf16 by PTX and every bf16 load (the scales too) streamed through
-cp.async."""
+cp.async; and the fused stack's INT4 epilogues (GELU-tanh's gating, the next norm readied) at one row and two."""
 
 from __future__ import annotations
 
@@ -70,12 +70,14 @@ cases = {  # name: (launch, (BN, BK, stages, split K))
     # one row on the CUDA cores (ONE-ROW): DeepSeek-V2-Lite's o_proj readying the norm, plan's row streams
     "one_row": (launch(2048, 2048, ready, rows=1), None),
 }
-def int4(n, k, rows):
-    '''quant_matmul of ``rows`` tokens over an INT4 [n, k] weight (group 32, bf16 scales: Kimi-K2's experts).'''
+def int4(n, k, rows, epilogue=None):
+    '''quant_matmul of ``rows`` tokens over an INT4 [n, k] weight (group 32, bf16 scales: Kimi-K2's experts), its
+    tiles finished by ``epilogue`` (n, k, rows -> RowEpilogue) when given.'''
     packed = torch.empty(n, k // 8, dtype=torch.int32)
     scale = torch.empty(n, k // 32, dtype=torch.bfloat16)
     x = torch.empty(rows, k, dtype=torch.bfloat16)
-    return lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, 32))
+    finish = epilogue(n, k, rows) if epilogue else None
+    return lambda: qm.quant_matmul(x, packed, scale, "int4_group", (1, 32), epilogue=finish)
 
 # INT4 at one row (Kimi-K2's expert gate/up) on the CUDA cores; at eight rows the nibbles by PTX (lop3, bf16x2 fmas)
 # and every bf16 load, the scales' too, streamed through cp.async (K a whole number of steps), none left for a K step
@@ -97,6 +99,22 @@ for rows in (1, 8):
             "tt.load" in l and "ptr<bf16>" in l for l in ttgir.splitlines()
         )
     print(f"int4_{rows}", all(checks.values()) or ",".join(c for c, ok in checks.items() if not ok))
+
+# the fused stack's INT4 products (Gemma 4 QAT's projections): a gate/up gated by GELU-tanh behind the input norm, and
+# an o_proj readying the next norm, at one row and two: each compiles and keeps its registers
+gelu = lambda n, k, m: qm.RowEpilogue(row_norm=(torch.empty(64, m), 1e-6), swiglu=True, gelu=True)
+ready_int4 = lambda n, k, m: qm.RowEpilogue(
+    residual=torch.empty(m, n, dtype=torch.bfloat16),
+    next_norm=(
+        torch.empty(n), 0.0, torch.empty(m, n, dtype=torch.bfloat16),
+        torch.empty(qm.column_blocks(m, n, k, "int4_group", 32, torch.device("cpu")), m),
+    ),
+)
+for name, (n, k, finish) in {"int4_gelu": (2 * 7680, 3840, gelu), "int4_ready": (3840, 4096, ready_int4)}.items():
+    for rows in (1, 2):
+        (args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], int4(n, k, rows, finish))["_quant_matmul_kernel"]
+        compiled = compile_as_launched(qm._quant_matmul_kernel, args, kwargs)
+        print(f"{name}_{rows}", "0 bytes spill stores" in ptxas_report(compiled))
 
 # SiLU's gating in the store (RowEpilogue.swiglu) over Step-3.5's shared expert (2 x 1280 rows of 4096), the input norm's
 # factor folded in, at one row (ONE-ROW) and two (the 16-row tiles), and GELU-tanh's (RowEpilogue.gelu) over
@@ -139,6 +157,10 @@ def test_quant_matmul_launches_compile_for_sm90(tmp_path):
     names = (
         "int4_1",
         "int4_8",
+        "int4_gelu_1",
+        "int4_gelu_2",
+        "int4_ready_1",
+        "int4_ready_2",
         "swiglu_1",
         "swiglu_2",
         "gelu_1",

@@ -56,6 +56,7 @@ from torch import nn
 
 from outpace.layers.quant.dequantize import INT4_PACK_FACTOR
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.int4_weight import Int4Weight
 from outpace.layers.quant.linear import (
     Fp8Block,
     Fp8Channel,
@@ -278,14 +279,16 @@ class QuantizedExpertStacks:
         down.scale.data = self.down_scale[e].view(down.scale.shape)
 
     def _view_packed(self, module: nn.Module, e: int) -> None:
-        """Expert ``e``'s packed gate/up (layers/decoder.py ``PackedProjection`` over block FP8, whose rows are
-        gate's then up's, as the stack's), where it has one, made a view of the stacks too: it held the storage
-        the gate and up weights viewed, which stayed beside the stacks. That doubled the experts' gate/up bytes:
-        the whole Qwen3-Next-80B in block FP8 with its MTP layer no longer fit one H200 (137 GiB at the first
-        captured step, benchmarks/results/gpu_2026-12-01 calls 3 and 4)."""
+        """Expert ``e``'s packed gate/up (layers/decoder.py ``PackedProjection`` over block FP8 or INT4, whose
+        rows are gate's then up's, as the stack's, and so are their scales' rows), where it has one, made a view of
+        the stacks too: it held the storage the gate and up weights viewed, which stayed beside the stacks. That
+        doubled the experts' gate/up bytes: the whole Qwen3-Next-80B in block FP8 with its MTP layer no longer fit
+        one H200 (137 GiB at the first captured step, benchmarks/results/gpu_2026-12-01 calls 3 and 4)."""
         packed = getattr(module, "gate_up", None)
-        if packed is not None and isinstance(packed.weight, Fp8Weight):
-            packed.weight = Fp8Weight(self.gate_up[e], self.gate_up_scale[e], packed.weight.block)
+        if packed is not None and isinstance(packed.weight, (Fp8Weight, Int4Weight)):
+            packed.weight = replace(
+                packed.weight, weight=self.gate_up[e], scale=self.gate_up_scale[e]
+            )
 
     def current(self, per_expert: list[nn.Module]) -> bool:
         """Whether these are the stacks of these experts, their tensors still the views made here."""

@@ -24,6 +24,13 @@ class Fp8Weight:
     scale: torch.Tensor  # [ceil(N / block[0]), ceil(K / block[1])]
     block: tuple[int, int]
 
+    format = "fp8_block"  # quant_matmul's name of the layout (a per-tensor or per-channel scale: one block)
+
+    @property
+    def scale_block(self) -> tuple[int, int]:
+        """The (rows, columns) one scale covers, as quant_matmul takes it."""
+        return self.block
+
     @classmethod
     def per_tensor(cls, weight: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:
         """A weight with one scale (ModelOpt's ``weight_scale``, [] or [1]): one block of powers of two."""

@@ -24,6 +24,7 @@ from outpace.distributed.sharding import PackedShard, Shard, ShardingError, mark
 from outpace.layers.linear import parallel_output, project
 from outpace.layers.quant import dequantize as dq
 from outpace.layers.quant.fp8_weight import Fp8Weight
+from outpace.layers.quant.int4_weight import Int4Weight
 from outpace.layers.quant.scheme import (
     FP8_BLOCK,
     FP8_CHANNEL,
@@ -253,15 +254,17 @@ class QuantizedLinear(nn.Module):
         """The weight as float32 [out_features, in_features]."""
         return self.format.dequantize(self.stored_weight, self.scale)
 
-    def fp8_weight(self) -> Fp8Weight | None:
-        """The stored fp8 weight and its scales as the fused few-row projections read them; None for INT4."""
+    def kernel_weight(self) -> Fp8Weight | Int4Weight:
+        """The stored weight and its scales as one value, as the fused few-row projections read them."""
+        if isinstance(self.format, Int4Group):
+            return Int4Weight(self.stored_weight, self.scale, self.format.scheme.group)
         if isinstance(self.format, Fp8Block):
             return Fp8Weight(self.stored_weight, self.scale, tuple(self.format.scheme.block))
         if isinstance(self.format, Fp8Channel):
             return Fp8Weight.per_channel(self.stored_weight, self.scale)
         if isinstance(self.format, Fp8Tensor):
             return Fp8Weight.per_tensor(self.stored_weight, self.scale)
-        return None
+        raise TypeError(f"no kernel weight for {type(self.format).__name__}")
 
     def extra_repr(self) -> str:
         return f"{type(self.format).__name__}, in_features={self.in_features}, out_features={self.out_features}"
