@@ -330,45 +330,6 @@ def test_fused_decoder_layers_over_block_fp8_compute_the_dequantized_model(tmp_p
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="(as the test above)")
-def test_fp8_qkv_runs_fused_where_the_gpu_leaves_fp8_to_the_quantized_product(
-    tmp_path, monkeypatch
-):
-    """On the GPU outside batch-invariant mode the fused kernels do not read fp8 weights (``fused_rows_apply``
-    says no); the quantized product serves them (``fusable_qkv``, ``fusable_output``). Those answers emulated
-    here, a block-FP8 Llama's decode still runs every layer's packed q/k/v through ``norm_project_qkv`` and gives
-    the dequantized twin's logits and KV: the attention block must ask ``fusable_qkv``, not ``fusable_rows``
-    (it asked the latter, and Qwen3-30B-A3B-FP8's layers ran eagerly: 16 launches a layer against bf16's 11)."""
-    import outpace.layers.fused_decoder as fused_decoder
-    from helpers.fused_decode import decode_forward, record_qkv_weights
-    from helpers.quantized_checkpoints import block_fp8_config, is_projection, write_quantized
-    from helpers.spec_models import random_llama
-
-    src = random_llama(tmp_path / "src", vocab_size=50, seed=0, std=0.2)
-    quantized, reference = write_quantized(
-        src, tmp_path / "q", "fp8_block", is_projection, block_fp8_config((16, 16))
-    )
-    ref_logits, ref_caches = decode_forward(
-        reference, monkeypatch, torch.float32, lambda x, w: False
-    )
-    few = lambda x, w: x.shape[0] <= 16  # noqa: E731 (the quantized product's rows)
-    monkeypatch.setattr(fused_decoder, "fusable_qkv", few)
-    monkeypatch.setattr(fused_decoder, "fusable_output", few)
-    qkv_weights = record_qkv_weights(monkeypatch)
-    logits, caches = decode_forward(
-        quantized,
-        monkeypatch,
-        torch.float32,
-        lambda x, w: few(x, w) and not isinstance(w, Fp8Weight),
-    )
-    assert len(qkv_weights) == 2 and all(
-        isinstance(w, Fp8Weight) for w in qkv_weights
-    )  # both layers
-    torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
-    for c, r in zip(caches, ref_caches):
-        torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
-
-
 def test_packable_takes_block_fp8_parts_of_whole_blocks_only():
     """q/k/v or gate/up pack in fp8 where every part but the last is whole blocks of rows and they share a
     block (per-tensor FP8: ``test_per_tensor_fp8_parts_pack_at_their_own_scales``); projections of mixed

@@ -9,7 +9,7 @@ mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 timeout 150 python3 -m pytest -q -n 3 -p no:cacheprovider tests/gpu/test_fp8_fused_stack_gpu.py \
   tests/kernels/test_fp8_linear.py tests/kernels/test_int4_linear.py tests/layers/test_fused_projection_fp8.py \
-  tests/layers/test_fused_projection_int4.py tests/layers/test_gemma_fused.py tests/kernels/test_quant_moe_kernels.py \
+  tests/layers/test_quantized_fused_stack.py tests/layers/test_gemma_fused.py tests/kernels/test_quant_moe_kernels.py \
   > $OUT/pytest.log 2>&1
 echo "rc=$? after ${SECONDS}s" >> $OUT/pytest.log
 grep -E "^(FAILED|ERROR)|passed|failed|rc=" $OUT/pytest.log | tail -n 12

@@ -1,9 +1,10 @@
-"""The fused few-row stack over INT4 weights (layers/quant/int4_weight.py ``Int4Weight``: compressed-tensors'
-pack-quantized projections, Gemma 4 QAT's): q/k/v and gate/up pack with their group scales, the quantized product
-(format "int4_group") serves them with each epilogue on the GPU's normal path, and batch-invariant mode keeps them
-off the fused stack (the quantized product is not batch-invariant). On the CPU the kernels run in Triton's
-interpreter in float32; the GPU's answers of which kernel reads which weight are emulated where the test says so.
-Gemma's layers: tests/layers/test_gemma_fused.py."""
+"""The fused few-row stack over quantized weights as the GPU serves them on its normal path: the fused kernels read
+no fp8 or INT4 weight there, the quantized product (layers/quant/quant_matmul_kernel.py) serves both with each
+epilogue, and a block-FP8 or INT4 Llama decodes fused all the same (those answers emulated on the CPU, where the
+kernels run in Triton's interpreter in float32). INT4 weights (layers/quant/int4_weight.py ``Int4Weight``:
+compressed-tensors' pack-quantized projections, Gemma 4 QAT's) pack q/k/v and gate/up with their group scales, and
+batch-invariant mode keeps them off the fused stack (the quantized product is not batch-invariant). Gemma's layers:
+tests/layers/test_gemma_fused.py."""
 
 import pytest
 import torch
@@ -11,7 +12,12 @@ import torch
 pytest.importorskip("triton")
 
 from helpers.fused_decode import decode_forward, record_qkv_weights  # noqa: E402
-from helpers.quantized_checkpoints import int4_config, is_projection, write_quantized  # noqa: E402
+from helpers.quantized_checkpoints import (  # noqa: E402
+    block_fp8_config,
+    int4_config,
+    is_projection,
+    write_quantized,
+)
 from helpers.spec_models import random_llama  # noqa: E402
 from outpace.attention.context import forward_settings  # noqa: E402
 from outpace.layers import fused_decoder  # noqa: E402
@@ -20,13 +26,21 @@ from outpace.layers.quant.fp8_weight import Fp8Weight  # noqa: E402
 from outpace.layers.quant.int4_weight import Int4Weight  # noqa: E402
 from outpace.models.loader import load_model  # noqa: E402
 
+# a format's quantization_config for the tests' small Llama: block FP8 in 16 x 16 blocks (q/k/v of 32, 16 and 16
+# rows: whole blocks, so that they pack), INT4 in Kimi-K2-Thinking's layout with groups of 8
+CONFIGS = {"fp8_block": lambda: block_fp8_config((16, 16)), "int4_group": lambda: int4_config(8)}
+KERNEL_WEIGHTS = {"fp8_block": Fp8Weight, "int4_group": Int4Weight}
+
+
+def quantized_llama(tmp, method: str):
+    """(a small random Llama quantized as ``method``, its dequantized twin)."""
+    src = random_llama(tmp / "src", vocab_size=50, seed=0, std=0.2)
+    return write_quantized(src, tmp / "q", method, is_projection, CONFIGS[method]())
+
 
 @pytest.fixture(scope="module")
 def int4_llama(tmp_path_factory):
-    """(an INT4 Llama in Kimi-K2-Thinking's layout with groups of 8, its dequantized twin)."""
-    tmp = tmp_path_factory.mktemp("int4_llama")
-    src = random_llama(tmp / "src", vocab_size=50, seed=0, std=0.2)
-    return write_quantized(src, tmp / "q", "int4_group", is_projection, int4_config(8))
+    return quantized_llama(tmp_path_factory.mktemp("int4_llama"), "int4_group")
 
 
 def test_int4_projections_pack_with_their_group_scales(int4_llama):
@@ -78,13 +92,19 @@ def test_batch_invariant_mode_keeps_int4_off_the_fused_stack(int4_llama):
         assert fused_decoder.fused_weight(attn.qkv) is None
 
 
-def test_int4_llama_runs_fused_where_the_gpu_leaves_int4_to_the_quantized_product(
-    int4_llama, monkeypatch
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="16-column FP8 blocks: the GPU's fp8 prefill takes 64 or more"
+)
+@pytest.mark.parametrize("method", list(CONFIGS))
+def test_a_quantized_llama_runs_fused_where_the_gpu_leaves_it_to_the_quantized_product(
+    method, tmp_path, monkeypatch
 ):
     """The GPU's answers emulated (the fused kernels read no quantized weight on the normal path; the quantized
-    product serves few rows of it), an INT4 Llama's decode forward runs every layer fused, its packed INT4 q/k/v
-    through ``norm_project_qkv``, and gives the dequantized twin's logits and KV."""
-    quantized, reference = int4_llama
+    product serves few rows of it: ``fusable_qkv``, ``fusable_output``), a block-FP8 or INT4 Llama's decode forward
+    runs every layer fused, its packed q/k/v through ``norm_project_qkv``, and gives the dequantized twin's logits
+    and KV. (The attention block asked ``fusable_rows`` until 2026-12-06, and Qwen3-30B-A3B-FP8's layers ran
+    eagerly: 16 launches a layer against bf16's 11; INT4 q/k/v did not pack.)"""
+    quantized, reference = quantized_llama(tmp_path, method)
     ref_logits, ref_caches = decode_forward(
         reference, monkeypatch, torch.float32, lambda x, w: False
     )
@@ -98,7 +118,8 @@ def test_int4_llama_runs_fused_where_the_gpu_leaves_int4_to_the_quantized_produc
         torch.float32,
         lambda x, w: few(x, w) and not isinstance(w, (Fp8Weight, Int4Weight)),
     )
-    assert len(qkv_weights) == 2 and all(isinstance(w, Int4Weight) for w in qkv_weights)
+    assert len(qkv_weights) == 2  # both layers
+    assert all(isinstance(w, KERNEL_WEIGHTS[method]) for w in qkv_weights)
     torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
     for c, r in zip(caches, ref_caches):
         torch.testing.assert_close(c, r, rtol=1e-5, atol=1e-5)
