@@ -21,10 +21,7 @@ from helpers.qwen3_moe_models import BLOCK_128, make_qwen3_moe
 from outpace.layers import fused_decoder
 from outpace.layers.quant.fp8_weight import Fp8Weight
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
-]
+pytestmark = pytest.mark.gpu  # (tests/conftest.py skips it without a CUDA device)
 
 
 def test_block_fp8_qwen3_moe_decodes_on_the_fused_stack(tmp_path, monkeypatch):
