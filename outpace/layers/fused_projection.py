@@ -148,8 +148,8 @@ def _quantized_launch(
     act: str,
     relu2: bool,
 ) -> torch.Tensor:
-    """``_launch`` for an fp8 weight on the normal path (``quantized_rows_apply``): the split-K quantized product
-    (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than the fused kernels' stream,
+    """``_launch`` for an fp8 or INT4 weight on the normal path (``quantized_rows_apply``): the split-K quantized
+    product (layers/quant/quant_matmul_kernel.py), which reads fp8 faster at few rows than the fused kernels' stream,
     with the input norm's factor, relu^2, the residual add, the next norm's readying or the gating of the
     [gate | up] products (SiLU or GELU-tanh) done in its store (``RowEpilogue``)."""
 
@@ -717,8 +717,8 @@ def norm_project_qkv(
     v_from_k: bool = False,
 ) -> torch.Tensor:
     """qkv [q_size + 2 * kv_size, K] (q rows, k rows, v rows; a tensor, an ``Fp8Weight`` or an ``Int4Weight``);
-    positions, slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim); caches
-    [num_blocks, block_size, kv_heads, head_dim] (contiguous). Computes [q | k | v] = RMSNorm(rows.stream)
+    positions, slot_mapping [M]; cos, sin [max_positions, rotary_dim // 2] float32 (rotary_dim <= head_dim);
+    caches [num_blocks, block_size, kv_heads, head_dim] (contiguous). Computes [q | k | v] = RMSNorm(rows.stream)
     @ qkv.T (rows @ qkv.T for a tensor ``rows`` [M, K] that is already normalised: ``eps`` unused),
     normalises each q and k head when ``qk_norm`` = (q_norm weight, k_norm weight [head_dim], eps) is given
     (head_dim a power of two), rotates the first rotary_dim dimensions of q and k (neox), writes k and v to
@@ -728,8 +728,9 @@ def norm_project_qkv(
     only, and v is k's projection before k's norm and RoPE (Gemma 4's attention_k_eq_v layers).
     Two kernels, the projection and then ``qkv_heads_kernel`` per head, where ``split_heads`` asks for it
     (tests; by default ``_splits_heads``), for ``v_from_k``, for partial rotary, and for an fp8 or INT4 weight
-    outside batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than the
-    fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads kernel."""
+    outside batch-invariant mode: the quantized product (``Fp8Weight.project``: split K at few rows, faster than
+    the fused kernels' fp8 stream, ``fused_rows_apply``), the input norm's factor then applied by the heads
+    kernel."""
     x = rows.normed if isinstance(rows, NormedRows) else rows
     norm = (rows.sq_parts, eps) if isinstance(rows, NormedRows) else None
     kv_size = (qkv.shape[0] - q_size) // (1 if v_from_k else 2)

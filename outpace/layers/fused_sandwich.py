@@ -29,8 +29,8 @@ def qkv_fuses(attn: nn.Module, x: torch.Tensor) -> bool:
     """Whether ``attend_fused_qkv`` serves an attention module over x [num_tokens, hidden]: its q/k/v
     packed without bias (layers/decoder.py ``pack_projections``), an o_proj without bias, not sharded,
     per-head q/k norms over a power-of-two ``head_dim``, few half-precision rows on the GPU (of a half-precision
-    q/k/v, or an fp8 one through its quantized product: ``fusable_qkv``) and a backend that attends over a cache
-    the kernel wrote."""
+    q/k/v, or an fp8 or INT4 one through its quantized product: ``fusable_qkv``) and a backend that attends over a
+    cache the kernel wrote."""
     d = attn.head_dim
     return (
         getattr(attn, "qkv", None) is not None

@@ -43,11 +43,11 @@ scales by rows alone, so they load as vectors that the software pipeline streams
 bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on them.
 
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
-layers/fused_projection.py routes its fp8 weights here outside batch-invariant mode): each row scaled by its
-input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times the
-norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU or
-GELU-tanh (a program's columns half gate rows, half the up rows of the same outputs). The program that stores a
-tile does it (with K split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads
+layers/fused_projection.py routes its fp8 and INT4 weights here outside batch-invariant mode): each row scaled by
+its input norm's factor, relu^2, the residual added, the result made ready for the next norm (the stream times
+the norm's scale and one partial sum of squares a column block), or a gated MLP's [gate | up] rows gated by SiLU
+or GELU-tanh (a program's columns half gate rows, half the up rows of the same outputs). The program that stores
+a tile does it (with K split, the last to arrive, on the splits' sum), so the epilogue costs no launch and reads
 nothing twice.
 
 Batch-invariant mode (attention/context.py ``batch_invariant``): every M takes one row's tiles (16-row tiles,
