@@ -8,8 +8,8 @@ previous kernel's time).
     PYTHONPATH=. python3 benchmarks/scripts/step_timeline.py OUT SHAPE[@BATCH] ... [--batch-invariant]
         [--quantized fp8|fp8-published|int4|w4a16]
 
-writes OUT/timeline_SHAPE@BATCH.txt (every kernel of the second profiled step; ``_invariant`` and ``_fp8`` /
-``_int4`` added to the name for those modes) and prints its first ``--lines`` lines."""
+writes OUT/timeline_SHAPE_bBATCH.txt (every kernel of the second profiled step; ``_invariant`` and the quantization,
+``_fp8`` for instance, added to the name for those modes) and prints its first ``--lines`` lines."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def main() -> None:
             lines = step_lines(
                 shape, Path(tmp), int(batch or 1), args.batch_invariant, args.quantized
             )
-        (Path(args.out) / f"timeline_{shape}@{batch or 1}{suffix}.txt").write_text(
+        # (no "@" in the name: the device machine returns no file whose name has one)
+        (Path(args.out) / f"timeline_{shape}_b{batch or 1}{suffix}.txt").write_text(
             "\n".join(lines) + "\n"
         )
         print("\n".join(lines[: args.lines] + lines[-1:]), flush=True)

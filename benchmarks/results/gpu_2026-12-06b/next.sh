@@ -17,7 +17,6 @@ for q in "" "--quantized fp8" "--quantized w4a16"; do
   timeout 100 python3 benchmarks/scripts/step_timeline.py $OUT/tl gemma-3-12b@1 llama-3.1-8b@1 --lines 2 $q 2>&1 \
     | grep -E "kernels and|span|Error|^[a-z0-9.-]+( \([a-z0-9-]+\))?$" | tee -a $OUT/timeline.log
 done
-for f in $OUT/tl/*; do mv "$f" "${f//@/_b}"; done
 for q in fp8 w4a16; do
   timeout $(( (560 - SECONDS) / 2 )) python3 -m outpace.bench.families --out $OUT/fam_$q --no-verify --quantized $q \
     --shapes gemma-3-12b$([ $q = w4a16 ] && echo ,llama-3.1-8b) > $OUT/fam_$q.log 2>&1
