@@ -37,18 +37,24 @@ its drafts) gains one token per step whatever the shape, so once it is the slowe
 shape for everyone (bench e2e measured adaptive n-gram at 0.89x of plain decoding in a closed batch of 8 under
 the throughput rule alone). The steps a request needs are not its remaining budget over its E: a verify
 commits a whole number of tokens, drawn anew each step, and the batch waits for the unluckiest request, not
-for the average one. So a request's steps are those after which its tokens reach its budget at the quantile
-that the expected maximum of b standard normal draws sets below their mean (the tokens of n verifies: mean n
-E, variance n V, V the variance of the depth a verify reaches), at least the steps that accepting every
-draft would take and at most one a token. That quantile is for requests of one rate (pooled, or all new),
-like draws of which the batch waits for the unluckiest; where their rates differ, the request of the lowest
-sets the batch's end, at its mean. Without the quantile, at temperature 0.8 on the H200 (widened zoo, a closed
-batch of 32 requests of 128 tokens), n-gram drafted 4 of the batch's last 10 steps, with 19 to 30 requests
-left, at up to 1.5x a plain step's cost, and ended on the same step as plain decoding, its decode steps 2.4%
-longer (benchmarks/results/gpu_2026-12-01b, call 4). Medians of five interleaved closed batches each
-(benchmarks/results/gpu_2026-12-01c, call 1; closed_batch_rounds.py), against plain decoding, without the
-quantile -> with it: n-gram at temperature 0.8 0.982x -> 0.991x (batch 8), 0.977x -> 0.987x (batch 32);
-greedy 1.317x -> 1.318x, 1.131x -> 1.105x; the standalone draft 1.07x to 1.18x either way.
+for the average one. So each request's step count is a normal draw (n verifies commit tokens of mean n E and
+variance n V, V the variance of the depth a verify reaches: its steps have mean t / E, kept between the steps
+that accepting every draft would take and one a token, and variance t V / E^3 for t tokens), and the batch's
+steps are the expected largest of the draws (``expected_largest``). That is for requests of one rate (pooled, or
+all new); where their rates differ, the request of the lowest sets the batch's end, at its mean. Without the
+draws' spread, at temperature 0.8 on the H200 (widened zoo, a closed batch of 32 requests of 128 tokens), n-gram
+drafted 4 of the batch's last 10 steps, with 19 to 30 requests left, at up to 1.5x a plain step's cost, and ended
+on the same step as plain decoding, its decode steps 2.4% longer (benchmarks/results/gpu_2026-12-01b, call 4).
+The draws are each request's own: after drafting steps the requests' remaining tokens differ by their luck so
+far, and the largest of the draws counts it once. Until 2026-12-06 each request's steps were instead taken at
+the quantile of the unluckiest of b requests, and the largest of those counted the request already behind as
+unlucky once more: a batch that had begun to draft then judged drafting on as losing and held, its drafting
+steps' extra time spent for nothing. Qwen3.5's widened EAGLE3 did so at batch 32 and temperature 0.8 (64
+tokens: 13 drafting steps, then held; 0.978x plain decoding's closed batch, benchmarks/results/gpu_2026-12-06,
+call 34). Simulated at that row's rates and costs (benchmarks/scripts/closed_batch_spread.py, 300 runs), the
+requests' first-draft rates one: 514.1 ms a closed batch with the quantile, 493.4 with the largest of the draws
+(plain decoding 514.6, one draft a step throughout 480.8); spread by 0.1: 522.5 and 521.2; greedy, within the
+runs' noise (spread by 0.1: 317.4 and 318.2, +- 1.8).
 
 Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the chain last
 chosen (none where that was the longest) and each tree, so that acceptance past the chosen shape stays measured
@@ -83,11 +89,11 @@ second than a smaller one.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 from itertools import accumulate
 from operator import mul
-from statistics import NormalDist
 
 from outpace.speculative.proposer import DraftShape
 
@@ -317,15 +323,22 @@ class DraftLengthChooser:
     def _steps_to_finish(
         self, shape: DraftShape, request_ids: Sequence[str], remaining: Sequence[int]
     ) -> float:
-        """The steps of ``shape`` the batch still needs: the most any request needs at the quantile of its
-        tokens that the batch's unluckiest request meets (module docstring; ``quantile_steps``)."""
+        """The steps of ``shape`` the batch still needs (module docstring): where its requests share one rate, the
+        expected largest of their step counts; where their rates differ, the largest of their mean counts."""
         if not shape.num_steps:
             return float(max(remaining))
         rows = self._reach_rows(acceptance_key(shape), request_ids)
         means = rows.tokens_per_verify(shape.num_steps)
-        variances = rows.variance_per_verify(shape.num_steps)
-        z = expected_max_of_normals(len(remaining)) if rows.alike else 0.0
-        return max(quantile_steps(remaining, means, variances, z, shape.num_steps + 1))
+        width = shape.num_steps + 1
+        if not rows.alike:
+            return max(mean_steps(t, m, width) for t, m in zip(remaining, means))
+        m, v = means[0], rows.variance_per_verify(shape.num_steps)[0]
+        return expected_largest(
+            [
+                (mean_steps(t, m, width), math.sqrt(t * v / m**3), count)
+                for t, count in Counter(remaining).items()
+            ]
+        )
 
     def choose(
         self,
@@ -420,32 +433,61 @@ class DraftLengthChooser:
         )
 
 
+def mean_steps(tokens: int, mean: float, width: int) -> float:
+    """The verifies a request needs on average for its ``tokens``, each committing ``mean`` tokens: at least those
+    that commit ``width`` tokens each (every draft accepted), at most one a token."""
+    return min(float(tokens), max(float(math.ceil(tokens / width)), tokens / mean))
+
+
 @cache
-def expected_max_of_normals(count: int) -> float:
-    """About the expected largest of ``count`` independent standard normal draws (Blom's plotting position:
-    0 for one, 1.39 for 8, 1.99 for 32)."""
-    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25))
+def max_of_normals(count: int) -> tuple[float, float]:
+    """The mean and variance of the largest of ``count`` independent standard normal draws, by the trapezoid rule
+    over its density count phi(x) Phi(x)^(count - 1) on [-8, 8] (0 and 1 for one draw; 1.42 and 0.37 for 8, 2.07
+    and 0.24 for 32)."""
+    step, first, second = 0.01, 0.0, 0.0
+    for i in range(1601):
+        x = -8.0 + i * step
+        density = count * _density(x) * _below(x) ** (count - 1)
+        first, second = first + x * density, second + x * x * density
+    first, second = (
+        first * step,
+        second * step,
+    )  # (the ends' densities vanish: no half weights needed)
+    return first, second - first * first
 
 
-def quantile_steps(
-    tokens: Sequence[int],
-    means: Sequence[float],
-    variances: Sequence[float],
-    z: float,
-    width: int,
-) -> list[float]:
-    """Per request, the verifies after which it commits its ``tokens`` at ``z`` standard deviations below the
-    mean of their sum, each verify committing ``means`` tokens with ``variances``: n with n mean - z sqrt(n
-    variance) = tokens; at least the verifies that commit ``width`` tokens each (all drafts accepted), at most
-    one a token. (One comprehension, no call a request: it runs at every step of a closed batch.)"""
-    zz = z * z
-    return [
-        min(
-            float(t),
-            max(
-                float(math.ceil(t / width)),
-                ((z * math.sqrt(v) + math.sqrt(zz * v + 4.0 * m * t)) / (2.0 * m)) ** 2,
-            ),
+def expected_largest(groups: Sequence[tuple[float, float, int]]) -> float:
+    """E[max] of independent normal draws, in groups (mean, standard deviation, count) of draws alike: each
+    group's largest as a normal of its moments (``max_of_normals``), then the groups' largest, from the largest
+    mean down, by the moments of the larger of two normals (C. E. Clark, "The greatest of a finite set of random
+    variables", Operations Research 9, 1961). Close to the integral of 1 - the product of the draws' distribution
+    functions: within 0.02 of it for 32 requests whose mean steps spread by 1.5 around 40, 2 apart (one comprehension
+    and a loop over the distinct remaining counts: it runs for every shape at every step of a closed batch)."""
+    mean = var = 0.0
+    for i, (mu, sd, count) in enumerate(sorted(groups, reverse=True)):
+        z_mean, z_var = max_of_normals(count)
+        mu, var_i = mu + sd * z_mean, sd * sd * z_var
+        if i == 0:
+            mean, var = mu, var_i
+            continue
+        theta = math.sqrt(var + var_i)
+        alpha = (mean - mu) / theta if theta else math.inf
+        if alpha > 8.0:  # (this group is never the largest)
+            continue
+        above, density = _below(alpha), theta * _density(alpha)
+        first = mean * above + mu * (1.0 - above) + density
+        second = (
+            (mean * mean + var) * above + (mu * mu + var_i) * (1.0 - above) + (mean + mu) * density
         )
-        for t, m, v in zip(tokens, means, variances)
-    ]
+        mean, var = first, max(0.0, second - first * first)
+    return mean
+
+
+def _below(x: float) -> float:
+    """The standard normal distribution function."""
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _density(x: float) -> float:
+    """The standard normal density."""
+    return math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
