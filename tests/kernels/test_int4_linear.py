@@ -170,3 +170,39 @@ def test_gpu_few_row_bandwidth():
     from outpace.bench.quant_kernels import report_linear
 
     report_linear({"kimi": KIMI_SHAPES}, rows=(1, 8, 64), formats=("int4",))
+
+
+SM90_TILES = """
+sys.path.insert(0, sys.argv[1])
+from kernels.test_int4_linear import _dequantized_kernel
+
+for out, scale in (("*fp32", "*fp32"), ("*fp16", "*fp32"), ("*bf16", "*bf16"), ("*fp16", "*fp16")):
+    try:
+        compiled = compile_for_hopper(
+            _dequantized_kernel, {"w_ptr": "*i32", "s_ptr": scale, "out_ptr": out},
+            {"GROUP": 128, "BN": 16, "BK": 256, "K_TILED": False},
+        )
+    except Exception as error:  # (triton.compiler.errors.CompilationError)
+        print(out, scale, type(error).__name__)
+        continue
+    print(out, scale, "lop3" if "lop3.b32" in compiled.asm["ptx"] else "general")
+"""
+
+
+def test_int4_tiles_compile_for_sm90_with_the_ptx_path_chosen_at_compile_time(tmp_path):
+    """``weight_tile``'s INT4 tiles compiled for sm_90 (no GPU needed): the nibbles by PTX exactly where x and the
+    scales share a half-precision dtype, chosen when the kernel compiles. The choice had been a runtime branch
+    (a local holding a comparison's bool becomes a tensor in Triton), which compiled both returns and failed
+    for float32 (the PTX path's fp16 against float32): on the H100, gpu_2026-12-06c."""
+    from pathlib import Path
+
+    from helpers.hopper_compile import run_compile_script
+
+    done = run_compile_script(SM90_TILES, str(Path(__file__).parents[1]), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "*fp32 *fp32 general",
+        "*fp16 *fp32 general",
+        "*bf16 *bf16 lop3",
+        "*fp16 *fp16 lop3",
+    ]

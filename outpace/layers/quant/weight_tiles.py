@@ -167,9 +167,15 @@ def weight_tile(
     """The real weight values at the tile's rows and columns k0 .. k0 + BK - 1 -> [BN, BK] in DTYPE, zero
     outside the weight ("fp8_tensor": not yet times its scale, which the caller applies)."""
     ks = k0 + tl.arange(0, BK)
-    # (``int4_tile_by_ptx`` for x in half precision and scales in x's dtype: other scales would round twice)
-    half = (DTYPE == tl.bfloat16) or (DTYPE == tl.float16)
-    if FORMAT == "int4_group" and NIBBLES_BY_PTX and half and s_rows.dtype.element_ty == DTYPE:
+    # ``int4_tile_by_ptx`` for x in half precision and scales in x's dtype: other scales would round twice. (One
+    # expression: a comparison's Python bool assigned to a local becomes a tensor, and the branch a runtime one that
+    # compiled both returns, fp16 against float32's: gpu_2026-12-06c.)
+    if (
+        FORMAT == "int4_group"
+        and NIBBLES_BY_PTX
+        and ((DTYPE == tl.bfloat16) or (DTYPE == tl.float16))
+        and s_rows.dtype.element_ty == DTYPE
+    ):
         return int4_tile_by_ptx(
             w_rows, s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK, DTYPE, K_TILED
         )
