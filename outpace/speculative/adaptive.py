@@ -335,7 +335,7 @@ class DraftLengthChooser:
         m, v = means[0], rows.variance_per_verify(shape.num_steps)[0]
         return expected_largest(
             [
-                (mean_steps(t, m, width), math.sqrt(t * v / m**3), count)
+                (mean_steps(t, m, width), math.sqrt(max(0.0, t * v) / m**3), count)
                 for t, count in Counter(remaining).items()
             ]
         )
