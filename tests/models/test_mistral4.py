@@ -85,13 +85,15 @@ def test_prefill_logits_match_transformers(checkpoint, expand_from):
 
 def test_the_query_scale_matters_here(checkpoint):
     """Without the query scale transformers' own logits move past position 16 (so the tests above check it):
-    beta 0 gives the model without it."""
+    beta 0 gives the model without it. Before position 16 the two agree to rounding, not bit for bit: the scale
+    (1 there) takes transformers another path, whose sums round differently on some CPUs (a 2-core machine: 5e-7
+    at positions 14 and 15)."""
     hf, _ = checkpoint
     plain = make_hf_mistral4(rope_parameters={**ROPE, "llama_4_scaling_beta": 0.0})
     ids = seeded_ids(45, seed=1)
     with torch.no_grad():
         scaled, unscaled = hf(ids[None]).logits[0], plain(ids[None]).logits[0]
-    assert torch.equal(scaled[:16], unscaled[:16])
+    assert rel_error(unscaled[:16], scaled[:16]) < 1e-5
     assert rel_error(unscaled[16:], scaled[16:]) > 0.01
 
 
