@@ -29,8 +29,11 @@ and its standard error): temperature 0.8 at spread 0 514.1 -> **493.4** ms (-20.
 (-1.3 +- 0.7); greedy at 0.1 317.4 -> 318.2 (+0.9 +- 1.8), at 0.3 488.7 -> 483.9 (-4.8 +- 5.5). (The first 100
 runs had shown greedy losing 1.3% at spreads 0.1 and 0.3: within their noise.)
 
-    PYTHONPATH=. python benchmarks/scripts/closed_batch_spread.py [--greedy] [--runs 200] [--tokens 64]
-        [--spreads 0 0.1 0.2 0.3]
+The newcomers' rule (``_newcomers_steps``, 2026-12-06): `--before 2 --timed 4 --runs 25` (so that the chooser has seen
+finished requests) and `--ngram --tokens 128`; figures in speculative/adaptive.py's docstring.
+
+    PYTHONPATH=. python benchmarks/scripts/closed_batch_spread.py [--greedy | --ngram] [--runs 200] [--tokens 64]
+        [--spreads 0 0.1 0.2 0.3] [--before 1] [--timed 1]
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ from outpace.speculative.proposer import DraftShape
 # ms a step at batch 32 for 0 .. 4 drafts, and the chooser's rates a_1 .. a_4 after the row
 SAMPLED = ((8.04, 10.57, 12.56, 13.95, 15.75), (0.56, 0.43, 0.72, 0.85))
 GREEDY = ((7.85, 9.84, 11.88, 11.98, 14.25), (0.83, 0.87, 0.92, 0.89))
+# ``--ngram``: bench e2e's n-gram on the widened Llama at temperature 0.8, batch 32 (gpu_2026-12-06c call 4: 6.34 ms a
+# plain step, 6.70 / 7.01 / 7.23 with 1-3 drafts, the fourth guessed); its rates past the first are guesses too
+NGRAM = ((6.34, 6.70, 7.00, 7.23, 7.6), (0.3, 0.6, 0.7, 0.7))
 BATCH = 32
 
 
@@ -78,7 +84,18 @@ def closed_batch(chooser, rng, rates, tokens: int, costs, fixed: int | None) -> 
     return ms, drafting
 
 
-def run(seed: int, spread: float, tokens: int, costs, mean_rates, fixed: int | None):
+def run(
+    seed: int,
+    spread: float,
+    tokens: int,
+    costs,
+    mean_rates,
+    fixed: int | None,
+    before: int = 1,
+    timed: int = 1,
+) -> list[tuple[float, int]]:
+    """(modelled ms, drafting steps) of each of ``timed`` closed batches of ``tokens``, after bench e2e's warm-up (a
+    closed batch of 4 tokens) and ``before`` untimed batches of ``tokens``, one chooser throughout."""
     rng = random.Random(seed)
     chooser = DraftLengthChooser(
         [DraftShape(k) for k in range(len(costs))], probe_budget=PROBE_BUDGET
@@ -90,19 +107,23 @@ def run(seed: int, spread: float, tokens: int, costs, mean_rates, fixed: int | N
         first = [min(0.95, max(0.05, rng.gauss(mean_rates[0], spread))) for _ in range(BATCH)]
         return [(a,) + mean_rates[1:] for a in first]
 
-    closed_batch(chooser, rng, rates(), 4, costs, fixed)  # bench e2e's warm-ups
-    closed_batch(chooser, rng, rates(), tokens, costs, fixed)
-    return closed_batch(chooser, rng, rates(), tokens, costs, fixed)
+    closed_batch(chooser, rng, rates(), 4, costs, fixed)  # bench e2e's warm-up
+    for _ in range(before):
+        closed_batch(chooser, rng, rates(), tokens, costs, fixed)
+    return [closed_batch(chooser, rng, rates(), tokens, costs, fixed) for _ in range(timed)]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--greedy", action="store_true")
+    p.add_argument("--ngram", action="store_true", help="n-gram's costs and rates (NGRAM)")
+    p.add_argument("--before", type=int, default=1, help="untimed closed batches after the warm-up")
+    p.add_argument("--timed", type=int, default=1, help="timed closed batches after those")
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--spreads", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.3])
     a = p.parse_args()
-    costs, mean_rates = GREEDY if a.greedy else SAMPLED
+    costs, mean_rates = NGRAM if a.ngram else GREEDY if a.greedy else SAMPLED
     policies = [None] + list(range(len(costs)))
     print(
         f"{'spread':>6} "
@@ -112,10 +133,14 @@ def main() -> None:
     for spread in a.spreads:
         cells, drafting = [], 0.0
         for fixed in policies:
-            runs = [run(s, spread, a.tokens, costs, mean_rates, fixed) for s in range(a.runs)]
-            cells.append(statistics.mean(r[0] for r in runs))
+            batches = [
+                b
+                for s in range(a.runs)
+                for b in run(s, spread, a.tokens, costs, mean_rates, fixed, a.before, a.timed)
+            ]
+            cells.append(statistics.mean(ms for ms, _ in batches))
             if fixed is None:
-                drafting = statistics.mean(r[1] for r in runs)
+                drafting = statistics.mean(d for _, d in batches)
         print(f"{spread:>6} " + " ".join(f"{c:>9.1f}" for c in cells) + f"  {drafting:.1f}")
 
 
