@@ -511,14 +511,10 @@ def max_of_normals(count: int) -> tuple[float, float]:
     over its density count phi(x) Phi(x)^(count - 1) on [-8, 8] (0 and 1 for one draw; 1.42 and 0.37 for 8, 2.07
     and 0.24 for 32)."""
     step, first, second = 0.01, 0.0, 0.0
-    for i in range(1601):
+    for i in range(1601):  # (the ends' densities vanish: no half weights)
         x = -8.0 + i * step
         density = count * _density(x) * _below(x) ** (count - 1)
-        first, second = first + x * density, second + x * x * density
-    first, second = (
-        first * step,
-        second * step,
-    )  # (the ends' densities vanish: no half weights needed)
+        first, second = first + x * density * step, second + x * x * density * step
     return first, second - first * first
 
 
@@ -527,8 +523,8 @@ def expected_largest(groups: Sequence[tuple[float, float, int]]) -> float:
     group's largest as a normal of its moments (``max_of_normals``), then the groups' largest, from the largest
     mean down, by the moments of the larger of two normals (C. E. Clark, "The greatest of a finite set of random
     variables", Operations Research 9, 1961). Close to the integral of 1 - the product of the draws' distribution
-    functions: within 0.02 of it for 32 requests whose mean steps spread by 1.5 around 40, 2 apart (one comprehension
-    and a loop over the distinct remaining counts: it runs for every shape at every step of a closed batch)."""
+    functions: within 0.02 of it for 32 draws of deviation 2 whose means spread by 1.5 around 40. (A loop over the
+    groups, the distinct remaining counts: it runs for every shape at every step of a closed batch.)"""
     mean = var = 0.0
     for i, (mu, sd, count) in enumerate(sorted(groups, reverse=True)):
         z_mean, z_var = max_of_normals(count)
