@@ -261,7 +261,7 @@ def test_a_closed_batch_of_newcomers_waits_for_the_slowest_the_finished_requests
     assert apart.acceptance()[0] == pytest.approx(0.5, abs=0.1)
     assert apart.choose(32, ids, remaining=[64] * 32) == DraftShape(0)
     assert apart.choose(1, ["alone"], remaining=[64]) == DraftShape(1)
-    for j in range(6):  # (over MIN_TRIED decayed first drafts each, 3 landing: no newcomers left, rates alike)
+    for j in range(6):  # (over MIN_TRIED decayed first drafts each: no newcomers left; rates alike)
         apart.observe(DraftShape(1), [j % 2] * 32, ids)
     assert apart.choose(32, ids, remaining=[58] * 32) == DraftShape(1)
     alike = _chooser_after_finished(lambda i: 5)
