@@ -29,8 +29,18 @@ and its standard error): temperature 0.8 at spread 0 514.1 -> **493.4** ms (-20.
 (-1.3 +- 0.7); greedy at 0.1 317.4 -> 318.2 (+0.9 +- 1.8), at 0.3 488.7 -> 483.9 (-4.8 +- 5.5). (The first 100
 runs had shown greedy losing 1.3% at spreads 0.1 and 0.3: within their noise.)
 
-The newcomers' rule (``_newcomers_steps``, 2026-12-06): `--before 2 --timed 4 --runs 25` (so that the chooser has seen
-finished requests) and `--ngram --tokens 128`; figures in speculative/adaptive.py's docstring.
+Tried and not taken (2026-12-06, acc29aa5, reverted): a closed batch's newcomers (fewer than 4 first drafts tried)
+timed by the slowest newcomer that the last 64 finished requests' spread of first-depth rates (beyond binomial
+noise) foretells: the batch-wide rate less that spread's deviation times the expected largest of as many normal
+draws. n-gram's closed batches at temperature 0.8 began with 5-7 drafting steps on the batch-wide rate until the
+requests' own counts showed that they differ (gpu_2026-12-06c call 4). `--before 2 --timed 4 --runs 25`, ms a
+closed batch at spreads 0 / 0.1 / 0.2 / 0.3 without -> with it, batch 32: temperature 0.8 493.6 / 520.8 / 525.3 /
+523.6 -> 494.8 / 517.3 / 516.3 / 518.3 (plain 514.6), greedy the same but 482.1 -> 484.6 at 0.3, `--ngram --tokens
+128` 682.8 / 802.8 / 817.4 / 819.3 -> 680.9 / 811.0 / 811.9 / 811.9 (plain 811.5); but at batch 8 (``BATCH`` 8, the
+same costs) temperature 0.8 479.4 / 503.2 / 516.7 / 518.0 -> 481.8 / 506.0 / 516.2 / 516.2, greedy 392.7 -> 397.5 at
+0.3, n-gram 666.5 / 750.1 / 791.9 / 803.5 -> 666.5 / 744.5 / 810.2 / 811.9. Where the rule holds a batch plain from
+its start no request's own counts accrue, so the batch never learns that its slowest request is faster than the
+typical slowest of its size: losses at batch 32 became plain decoding's time, gains of 1-2.4% at batch 8 were lost.
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_spread.py [--greedy | --ngram] [--runs 200] [--tokens 64]
         [--spreads 0 0.1 0.2 0.3] [--before 1] [--timed 1]
@@ -48,8 +58,8 @@ from outpace.speculative.proposer import DraftShape
 # ms a step at batch 32 for 0 .. 4 drafts, and the chooser's rates a_1 .. a_4 after the row
 SAMPLED = ((8.04, 10.57, 12.56, 13.95, 15.75), (0.56, 0.43, 0.72, 0.85))
 GREEDY = ((7.85, 9.84, 11.88, 11.98, 14.25), (0.83, 0.87, 0.92, 0.89))
-# ``--ngram``: bench e2e's n-gram on the widened Llama at temperature 0.8, batch 32 (gpu_2026-12-06c call 4: 6.34 ms a
-# plain step, 6.70 / 7.01 / 7.23 with 1-3 drafts, the fourth guessed); its rates past the first are guesses too
+# ``--ngram``: bench e2e's n-gram on the widened Llama at temperature 0.8, batch 32 (gpu_2026-12-06c call 4: about
+# 6.34-6.44 ms a plain step, 6.71 / 7.01 / 7.23 with 1-3 drafts; the fourth's cost and every rate are guesses)
 NGRAM = ((6.34, 6.70, 7.00, 7.23, 7.6), (0.3, 0.6, 0.7, 0.7))
 BATCH = 32
 

@@ -56,21 +56,6 @@ requests' first-draft rates one: 514.1 ms a closed batch with the quantile, 493.
 (plain decoding 514.6, one draft a step throughout 480.8); spread by 0.1: 522.5 and 521.2; greedy, within the
 runs' noise (spread by 0.1: 317.4 and 318.2, +- 1.8).
 
-A closed batch's newcomers (requests that have tried fewer than ``MIN_TRIED`` first drafts) have rates nobody knows
-yet, and the batch waits for the slowest of them. Where the requests that finished lately differed beyond chance
-(the sample variance of their first-depth rates less its binomial noise: ``excess_spread``), the slowest of n
-newcomers is taken to draft at the batch-wide first-depth rate less that spread's deviation times the expected
-largest of n standard normal draws, and the batch needs at least the steps that rate gives the newcomer with the most
-tokens left (``_newcomers_steps``). Without it, every closed batch of requests that n-gram's drafts help unequally
-began by drafting on the batch-wide rate, until its requests' own counts showed how they differed, and paid those
-steps for nothing (bench e2e's n-gram at temperature 0.8: 5-7 drafting steps of 128 a batch, 0.983x-0.994x,
-benchmarks/results/gpu_2026-12-06c call 4). Simulated (closed batches of 32 after five others, 25 runs; first-draft
-rates spread around their mean by 0 / 0.1 / 0.2 / 0.3), ms a closed batch without -> with it: Qwen3.5's EAGLE3 at
-temperature 0.8 493.6 / 520.8 / 525.3 / 523.6 -> 494.8 / 517.3 / 516.3 / 518.3 (plain decoding 514.6); greedy
-unchanged but at 0.3 (482.1 -> 484.6); n-gram-like rates (0.3 at the first depth) and costs, 128 tokens, 682.8 /
-802.8 / 817.4 / 819.3 -> 680.9 / 811.0 / 811.9 / 811.9 (plain decoding 811.5): where drafting lost, plain decoding's
-time, and where it gained 1% (spread 0.1), that gain given up.
-
 Every ``probe_every``-th step drafts a probe shape instead, in turn a chain one draft deeper than the chain last
 chosen (none where that was the longest) and each tree, so that acceptance past the chosen shape stays measured
 (otherwise a drafter judged useless once would never be tried again). One draft deeper is what the next choice
@@ -104,7 +89,7 @@ second than a smaller one.
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 from itertools import accumulate
@@ -113,8 +98,6 @@ from operator import mul
 from outpace.speculative.proposer import DraftShape
 
 CHAINS = "chain"  # the acceptance key every chain length shares
-FINISHED_KEPT = 64  # finished requests whose first-depth rates tell how far a closed batch's newcomers may differ
-MIN_TRIED = 4  # first drafts tried below which a request's own rate is a guess (a newcomer; not kept when finished)
 REQUEST_PRIOR = 4.0  # a request's own rates start as the batch-wide ones, worth this many verifies
 OPTIMISM = 1.0  # the batch-wide rates a choice reads: this many standard errors above the counts' (``_batch_rates``)
 PROBE_BUDGET = (
@@ -254,10 +237,6 @@ class DraftLengthChooser:
         self._own: dict[
             str, dict[DraftShape | str, _DepthAcceptance]
         ] = {}  # request id -> its own counts
-        # per kind of shape: the first-depth counts (accepted, tried) of the last FINISHED_KEPT requests that tried
-        # MIN_TRIED first drafts or more, and their rates' variance beyond chance (``excess_spread``)
-        self._finished: dict[DraftShape | str, deque[tuple[float, float]]] = {}
-        self._finished_spread: dict[DraftShape | str, float] = {}
         self.costs: dict[tuple[int, DraftShape], float] = {}
         self._version = 0  # bumped whenever acceptance counts change (observe, forget)
         # per kind of shape: (version, request ids, _ReachRows) of the last batch asked about: a run of steps with
@@ -300,7 +279,12 @@ class DraftLengthChooser:
         owns = [self._own.get(r, {}).get(key) for r in request_ids]
         counted = [o for o in owns if o is not None and o.tried[0] > 0]
         if len(counted) >= 2 and 0.0 < p < 1.0:
-            if not excess_spread([(o.accepted[0], o.tried[0]) for o in counted], p):
+            rates = [o.accepted[0] / o.tried[0] for o in counted]
+            mean = sum(rates) / len(rates)
+            spread = sum((r - mean) ** 2 for r in rates) / (len(rates) - 1)
+            noise = sum(p * (1.0 - p) / o.tried[0] for o in counted) / len(counted)
+            # (the sample variance of n rates strays from the noise by sqrt(2 / (n - 1)) of it: 2 of those)
+            if spread <= noise * (1.0 + 2.0 * math.sqrt(2.0 / (len(rates) - 1))):
                 shared = _DepthAcceptance.pooled(counted).blended(batch_wide, REQUEST_PRIOR)
                 return [shared] * len(request_ids)
         if len(counted) == 1 == len(request_ids) and 0.0 < p < 1.0:
@@ -346,40 +330,15 @@ class DraftLengthChooser:
         rows = self._reach_rows(acceptance_key(shape), request_ids)
         means = rows.tokens_per_verify(shape.num_steps)
         width = shape.num_steps + 1
-        if rows.alike:
-            m, v = means[0], rows.variance_per_verify(shape.num_steps)[0]
-            steps = expected_largest(
-                [
-                    (mean_steps(t, m, width), math.sqrt(max(0.0, t * v) / m**3), count)
-                    for t, count in Counter(remaining).items()
-                ]
-            )
-        else:
-            steps = max(mean_steps(t, m, width) for t, m in zip(remaining, means))
-        return max(steps, self._newcomers_steps(shape, request_ids, remaining))
-
-    def _newcomers_steps(
-        self, shape: DraftShape, request_ids: Sequence[str], remaining: Sequence[int]
-    ) -> float:
-        """The mean steps of ``shape`` that the slowest of the batch's newcomers (requests that tried fewer than
-        MIN_TRIED first drafts) needs, 0 where there are none or where the finished requests' rates differ no more
-        than chance explains: at the batch-wide first-depth rate less the finished requests' spread of rates times
-        the expected largest of as many standard normal draws as there are newcomers (module docstring)."""
-        key = acceptance_key(shape)
-        spread = self._finished_spread.get(key, 0.0)
-        if not spread:
-            return 0.0
-        newcomers = [
-            t
-            for r, t in zip(request_ids, remaining)
-            if (own := self._own.get(r, {}).get(key)) is None or own.tried[0] < MIN_TRIED
-        ]
-        if not newcomers:
-            return 0.0
-        rates = self._acceptance[key].optimistic(OPTIMISM)
-        rates[0] = max(0.0, rates[0] - max_of_normals(len(newcomers))[0] * math.sqrt(spread))
-        m = _ReachRows([rates]).tokens_per_verify(shape.num_steps)[0]
-        return mean_steps(max(newcomers), m, shape.num_steps + 1)
+        if not rows.alike:
+            return max(mean_steps(t, m, width) for t, m in zip(remaining, means))
+        m, v = means[0], rows.variance_per_verify(shape.num_steps)[0]
+        return expected_largest(
+            [
+                (mean_steps(t, m, width), math.sqrt(max(0.0, t * v) / m**3), count)
+                for t, count in Counter(remaining).items()
+            ]
+        )
 
     def choose(
         self,
@@ -461,21 +420,9 @@ class DraftLengthChooser:
             own[key].observe(shape.num_steps, [accepted], self.decay)
 
     def forget(self, request_id: str) -> None:
-        """The request finished or was preempted: drop its own counts, keeping its first depth's among the finished
-        requests' (``_newcomers_steps``) where it tried MIN_TRIED first drafts or more."""
-        own = self._own.pop(request_id, None)
-        if own is None:
-            return
-        self._version += 1
-        for key, counts in own.items():
-            if counts.tried[0] >= MIN_TRIED:
-                finished = self._finished.setdefault(key, deque(maxlen=FINISHED_KEPT))
-                finished.append((counts.accepted[0], counts.tried[0]))
-                p = self._acceptance[key].rates()[0]
-                spread = (
-                    excess_spread(list(finished), p) if len(finished) >= 2 and 0 < p < 1 else 0.0
-                )
-                self._finished_spread[key] = spread
+        """The request finished or was preempted: drop its own counts."""
+        if self._own.pop(request_id, None) is not None:
+            self._version += 1
 
     def record_cost(self, bucket: int, shape: DraftShape, seconds: float) -> None:
         """A step's measured time (eager steps: smoothed; start-up profiles: as given, then fixed)."""
@@ -484,19 +431,6 @@ class DraftLengthChooser:
         self.costs[key] = (
             seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
         )
-
-
-def excess_spread(counts: Sequence[tuple[float, float]], p: float) -> float:
-    """The variance of two or more requests' first-depth rates (``counts``: accepted, tried) beyond the binomial
-    noise of their counts at the rate ``p``; 0 where their sample variance is within two of its standard errors
-    (sqrt(2 / (n - 1)) of the noise) of the noise alone."""
-    rates = [a / t for a, t in counts]
-    mean = sum(rates) / len(rates)
-    spread = sum((r - mean) ** 2 for r in rates) / (len(rates) - 1)
-    noise = sum(p * (1.0 - p) / t for _, t in counts) / len(counts)
-    return (
-        0.0 if spread <= noise * (1.0 + 2.0 * math.sqrt(2.0 / (len(rates) - 1))) else spread - noise
-    )
 
 
 def mean_steps(tokens: int, mean: float, width: int) -> float:

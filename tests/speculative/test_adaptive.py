@@ -12,7 +12,6 @@ from outpace.config import SpeculativeConfig
 from outpace.registry import PROPOSERS
 from outpace.speculative.adaptive import (
     DraftLengthChooser,
-    excess_spread,
     expected_largest,
     max_of_normals,
     mean_steps,
@@ -221,51 +220,6 @@ def test_a_closed_batch_counts_a_request_s_bad_luck_once():
         left = [64 - sum(1 + (rng.random() < 0.5) for _ in range(verifies)) for _ in ids]  # [32]
         assert max(left) - min(left) >= 7
         assert chooser.choose(32, ids, remaining=left) == DraftShape(1)
-
-
-def test_the_spread_of_requests_rates_beyond_chance():
-    """Rates that differ only by the binomial noise of their counts spread by nothing; rates half 0.9, half 0.1 by
-    their variance less that noise."""
-    assert excess_spread([(10.0, 20.0)] * 32, 0.5) == 0.0
-    assert (
-        excess_spread([(10.0 + (i % 3 - 1), 20.0) for i in range(32)], 0.5) == 0.0
-    )  # within chance
-    apart = [(18.0 if i % 2 else 2.0, 20.0) for i in range(32)]
-    assert excess_spread(apart, 0.5) == pytest.approx(0.16 * 32 / 31 - 0.25 / 20)
-
-
-def _chooser_after_finished(landed_of) -> DraftLengthChooser:
-    """One draft or none at Qwen3.5's widened EAGLE3 step costs (batch 32 and 1, H100, gpu_2026-12-06 call 34),
-    after 64 requests each verified 10 one-draft chains, request i landing ``landed_of(i)`` of them, and finished."""
-    chooser = DraftLengthChooser([DraftShape(0), DraftShape(1)], probe_every=1000)
-    for bucket in (1, 32):
-        chooser.record_cost(bucket, DraftShape(0), 8.24e-3)
-        chooser.record_cost(bucket, DraftShape(1), 10.7e-3)
-    for i in range(64):
-        landed = landed_of(i)
-        for j in range(10):
-            chooser.observe(DraftShape(1), [int(j < landed)], [f"done{i}"])
-        chooser.forget(f"done{i}")
-    return chooser
-
-
-def test_a_closed_batch_of_newcomers_waits_for_the_slowest_the_finished_requests_foretell():
-    """Requests that finished lately differed beyond chance (half landed 9 first drafts in 10, half 1): a new closed
-    batch of 32, none of which has tried a draft yet, is timed by the slowest newcomer such a spread foretells, whom
-    drafts hardly help, and decodes plainly (it had drafted on the batch-wide rate until its own counts showed the
-    spread: bench e2e's n-gram at temperature 0.8, gpu_2026-12-06c call 4). After requests of one rate (5 in 10 each)
-    it drafts, as does a closed batch of one newcomer (the slowest of one draw is the mean) and a batch whose
-    requests have their own counts."""
-    ids = [f"new{i}" for i in range(32)]
-    apart = _chooser_after_finished(lambda i: 9 if i % 2 else 1)
-    assert apart.acceptance()[0] == pytest.approx(0.5, abs=0.1)
-    assert apart.choose(32, ids, remaining=[64] * 32) == DraftShape(0)
-    assert apart.choose(1, ["alone"], remaining=[64]) == DraftShape(1)
-    for j in range(6):  # (over MIN_TRIED decayed first drafts each: no newcomers left; rates alike)
-        apart.observe(DraftShape(1), [j % 2] * 32, ids)
-    assert apart.choose(32, ids, remaining=[58] * 32) == DraftShape(1)
-    alike = _chooser_after_finished(lambda i: 5)
-    assert alike.choose(32, ids, remaining=[64] * 32) == DraftShape(1)
 
 
 def test_a_closed_batch_near_its_end_defers_its_probe_for_one_spacing():

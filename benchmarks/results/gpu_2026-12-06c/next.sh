@@ -2,8 +2,8 @@
 # For the next session with a device (written 2026-12-06, not yet run): issue 43 item 7 after the closed-batch
 # rule's change (the expected largest of the requests' step counts, 2026-12-06): every drafter against plain decoding
 # in closed batches of 64 tokens at batch 8 and 32, temperature 0 and 0.8, three interleaved rounds, on the widened
-# Llama zoo (EAGLE3 chain and tree, MTP, DFlash, the standalone draft, and n-gram again: the newcomers' rule of acc29aa5
-# came after call 4) and the widened families (Qwen3.5: MTP and the EAGLE3 tree; DeepSeek: EAGLE3 and MTP; Gemma: EAGLE3). ARG: llama or
+# Llama zoo (EAGLE3 chain and tree, MTP, DFlash, the standalone draft, and n-gram again, three rounds against call 4's
+# five) and the widened families (Qwen3.5: MTP and the EAGLE3 tree; DeepSeek: EAGLE3 and MTP; Gemma: EAGLE3). ARG: llama or
 # families (one call each, about 550 s on a fresh machine).
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
