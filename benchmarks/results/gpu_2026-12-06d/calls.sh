@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 43 items 7 and 8 after the closed-batch rule's change (4ec704f), as gpu_2026-12-06c/next.sh planned them
-# (n-gram left out: that session's call 4 ran it, five rounds). ARG: llama (the Kimi-K2 slice's batch-invariant cost,
-# then the widened Llama's EAGLE3 chain and tree, MTP, DFlash and the standalone draft) or families (Qwen3.5: MTP
-# and the EAGLE3 tree; DeepSeek: EAGLE3 and MTP; Gemma: EAGLE3). Closed batches of 64 tokens at batch 8 and 32,
-# temperature 0 and 0.8, three interleaved rounds. One call each, under 590 s.
+# (n-gram left out: that session's call 4 ran it, five rounds). ARGS: llama (the Kimi-K2 slice's batch-invariant cost,
+# then the widened Llama's EAGLE3 chain and tree, MTP, DFlash and the standalone draft), or family FAMILY METHOD...
+# (qwen35 mtp, qwen35 eagle3-tree, deepseek eagle3, deepseek mtp, gemma eagle3: on an 80 GB H100 one method a call,
+# README.md says why). Closed batches of 64 tokens at batch 8 and 32, temperature 0 and 0.8, three interleaved
+# rounds. Each call under 590 s.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
@@ -21,10 +22,9 @@ if [ "$1" = llama ]; then
   echo "rc=$? after ${SECONDS}s" >> $OUT/kimi_invariant.log
   rounds llama llama_a $(( 420 - SECONDS )) eagle3 eagle3-tree mtp
   rounds llama llama_b $(( 585 - SECONDS )) dflash draft
-else
-  rounds qwen35 qwen35 200 mtp eagle3-tree
-  rounds deepseek deepseek 200 eagle3 mtp
-  rounds gemma gemma $(( 585 - SECONDS )) eagle3
+else  # family FAMILY METHOD...: the other widened models' folders cleared first (64 GB of disk)
+  find /tmp -maxdepth 1 -name 'e2e_*' ! -name "e2e_$2" -exec rm -rf {} +
+  rounds $2 $2 $(( 560 - SECONDS )) "${@:3}"
 fi
 sed -i -E 's/\r/\n/g' $OUT/*.log
 sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/*.log
