@@ -32,9 +32,11 @@ class SpeculativeConfig:
     num_draft_tokens: int | None = None
     ngram_min: int = 2  # n-gram lookup: shortest and longest suffix matched
     ngram_max: int = 4
+    # a file of token ids: drafts read from the head's rows of these tokens alone (speculative/hot_vocab.py)
+    token_map: str | None = None
 
     def __post_init__(self) -> None:
-        from outpace.registry import PROPOSERS
+        from outpace.registry import PROPOSERS, proposer_class
 
         o = "SpeculativeConfig"
         if self.adaptive is None:
@@ -79,6 +81,17 @@ class SpeculativeConfig:
             isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min,
             f"an integer >= ngram_min={self.ngram_min}",
         )
+
+        if self.token_map is not None:
+            takes = self.method != "none" and proposer_class(self.method).takes_token_map
+            require(
+                o,
+                "token_map",
+                self.token_map,
+                takes,
+                "given only with a drafter whose drafts read a head of the target's vocabulary (mtp), not "
+                f"method {self.method!r}",
+            )
 
     @property
     def enabled(self) -> bool:

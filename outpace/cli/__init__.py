@@ -1,8 +1,8 @@
-"""Command line: ``outpace generate | serve | bench | train``. The CLI only parses arguments, builds
-configs and calls the API; what a drafter or a model family needs comes from its class.
+"""Command line: ``outpace generate | serve | bench | train | token-map``. The CLI only parses arguments,
+builds configs and calls the API; what a drafter or a model family needs comes from its class.
 
-One module per verb (generate.py, serve.py, bench.py, train.py), each adding its parser and running its
-command; engine_args.py and speculative_args.py hold the flags they share. Parsing imports no torch, so
+One module per verb (generate.py, serve.py, bench.py, train.py, token_map.py), each adding its parser and running
+its command; engine_args.py and speculative_args.py hold the flags they share. Parsing imports no torch, so
 ``outpace --help`` is fast: the engine is imported by the function that runs a command.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from outpace import __version__
-from outpace.cli import bench, generate, serve, train
+from outpace.cli import bench, generate, serve, token_map, train
 from outpace.cli.engine_args import resolve_model
 from outpace.distributed.process_exit import launched_by_torchrun, run_then_leave
 
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="outpace", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"outpace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for verb in (generate, serve, bench, train):
+    for verb in (generate, serve, bench, train, token_map):
         verb.add_parser(sub)
     return parser
 

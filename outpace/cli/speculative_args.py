@@ -44,18 +44,34 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="tokens verified per step (default: num-steps + 1 for a chain, 16 at most for a tree)",
     )
+    p.add_argument(
+        "--speculative-token-map",
+        default=None,
+        metavar="FILE",
+        help="token ids saved by torch.save (SGLang's and FR-Spec's format): MTP drafts read only these rows of "
+        "the head (fewer bytes a draft step; still lossless)",
+    )
 
 
 def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
     """The SpeculativeConfig the flags ask for (a.model: the target, resolved)."""
     method = a.method or (DEFAULT_METHOD if is_default_model(a.model) else "none")
     if method == "none":
-        if a.draft is not None:
-            raise ValueError(
-                f"--draft {a.draft} is given, but --method is none: name the drafter with --method"
-            )
+        for flag, value in (
+            ("--draft", a.draft),
+            ("--speculative-token-map", a.speculative_token_map),
+        ):
+            if value is not None:
+                raise ValueError(
+                    f"{flag} {value} is given, but --method is none: name the drafter with --method"
+                )
         return SpeculativeConfig()
     drafter = proposer_class(method)
+    if a.speculative_token_map is not None and not drafter.takes_token_map:
+        raise ValueError(
+            f"--speculative-token-map {a.speculative_token_map} is given, but --method {method} drafts from no "
+            "head of the target's vocabulary (mtp does; an EAGLE3 draft has its own)"
+        )
     draft = draft_checkpoint(a, method, drafter)
     num_steps = a.num_steps
     if num_steps is None:
@@ -69,6 +85,7 @@ def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
         topk=a.topk,
         num_draft_tokens=a.num_draft_tokens,
         adaptive=not fixed,
+        token_map=a.speculative_token_map,
     )
 
 

@@ -568,6 +568,12 @@ def norm_head_logits(
     return logits if out is None else out.copy_(logits)
 
 
+def head_logits(norm: RMSNorm | None, head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """[n, hidden] -> [n, columns] float32 logits of ``head``, after ``norm`` (``norm_head_logits``) or, where
+    None, of hidden as it comes (a state that is already normed)."""
+    return head(hidden).float() if norm is None else norm_head_logits(norm, head, hidden)
+
+
 def head_argmax_tokens(
     head: nn.Module,
     hidden: torch.Tensor,

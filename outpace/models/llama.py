@@ -150,8 +150,8 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
         self, hidden_states: torch.Tensor, rows: torch.Tensor | None = None
     ) -> torch.Tensor:
         """[n, hidden] pre-norm -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` [R] (all when
-        None), in one launch for few rows on the GPU (layers/fused_decoder.py ``head_argmax_tokens``): what
-        an MTP layer drafting with this head chooses greedily."""
+        None), in one launch for few rows on the GPU (layers/fused_decoder.py ``head_argmax_tokens``): a greedy
+        verify's tokens (engine/decode_step.py)."""
         return head_argmax_tokens(self.lm_head, hidden_states, self.model.norm, rows)
 
     # Checkpoint names: MTP layers are stored DeepSeek-V3 style after the decoder layers.

@@ -417,15 +417,8 @@ class Step3p5MTPLayer(MTPBlock, Step3p5DecoderLayer):
     def head_norm(self) -> nn.Module:
         return self.shared_head.norm
 
-    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return fused_decoder.norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
-
-    def greedy_tokens(
-        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return fused_decoder.head_argmax_tokens(
-            self.shared_head.head, hidden, self.shared_head.norm, rows
-        )
+    def head_parts(self, target: nn.Module) -> tuple[nn.Module | None, nn.Module]:
+        return self.shared_head.norm, self.shared_head.head
 
 
 class Step3p5Model(nn.Module):

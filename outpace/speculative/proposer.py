@@ -387,6 +387,9 @@ class Proposer(abc.ABC):
     # checkpoint holds and a target's does not (None: any model's checkpoint may be one).
     takes_draft_checkpoint: bool = True
     draft_checkpoint_tensor: str | None = None
+    # Whether its drafts read a head over the target's whole vocabulary, which a token map narrows
+    # (SpeculativeConfig.token_map: speculative/hot_vocab.py)
+    takes_token_map: bool = False
     # Holding (module docstring): the rows of each request's pending window, and those a forward runs over
     # where no request holds rows from held steps; 0: this drafter never holds
     hold_window: int = 0

@@ -36,10 +36,10 @@ import re
 import torch
 from torch import nn
 
-from outpace.layers.fused_decoder import head_argmax_tokens, run_layer
+from outpace.layers.fused_decoder import run_layer
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
-from outpace.models.drafts.mtp import mtp_input
+from outpace.models.drafts.mtp import DraftHead, mtp_input
 
 
 def mtp_layer_count(raw: dict) -> int:
@@ -75,7 +75,7 @@ class QwenMTP(nn.Module):
         return nn.ModuleList(QwenMTPStep(self, k) for k in range(len(self.layers)))
 
 
-class NormedMTPStep(nn.Module):
+class NormedMTPStep(DraftHead, nn.Module):
     """An MTP step whose output is already normed (Qwen3-Next / Qwen3.5 here, Nemotron-H in
     models/drafts/nemotron_h_mtp.py): it reads the target's state after its final norm, the target's head reads
     its output with no further norm, and a further step reads that output (the chained layout)."""
@@ -93,16 +93,9 @@ class NormedMTPStep(nn.Module):
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
         return target.embed(token_ids)
 
-    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] (already normed) -> [n, vocab] float32."""
-        return target.lm_head(hidden).float()
-
-    def greedy_tokens(
-        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """[n, hidden] (already normed) -> [R] int64 the argmax of ``compute_logits`` of rows ``rows`` (all
-        when None), without the logits where one launch gives it (layers/fused_decoder.py)."""
-        return head_argmax_tokens(target.lm_head, hidden, rows=rows)
+    def head_parts(self, target: nn.Module) -> tuple[nn.Module | None, nn.Module]:
+        """No norm (the output comes normed) and the target's head."""
+        return None, target.lm_head
 
 
 class QwenMTPStep(NormedMTPStep):

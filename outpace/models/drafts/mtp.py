@@ -42,7 +42,7 @@ from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
     embed_norm_pair,
     head_argmax_tokens,
-    norm_head_logits,
+    head_logits,
     run_layer,
 )
 from outpace.layers.linear import linear
@@ -110,7 +110,30 @@ def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool)
     return nn.ModuleList(layer(cfg, rotary) for _ in range(cfg.num_nextn_predict_layers))
 
 
-class MTPBlock(nn.Module):
+class DraftHead:
+    """How an MTP layer's drafts are read (a mixin): ``head_parts`` names the norm and the head, and the logits and
+    greedy tokens follow from them, so what a hot vocabulary (speculative/hot_vocab.py) puts in the head's place
+    computes the same columns."""
+
+    def head_parts(self, target: nn.Module) -> tuple[nn.Module | None, nn.Module]:
+        """(the norm the head reads this layer's output through, None where the output comes normed; the head)."""
+        raise NotImplementedError
+
+    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] this layer's output -> [n, vocab] float32 logits."""
+        norm, head = self.head_parts(target)
+        return head_logits(norm, head, hidden)
+
+    def greedy_tokens(
+        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] this layer's output -> [R] int64: the argmax of ``compute_logits`` of rows ``rows`` [R] (all
+        when None), without the logits where one launch gives it (a greedy draft)."""
+        norm, head = self.head_parts(target)
+        return head_argmax_tokens(head, hidden, norm, rows)
+
+
+class MTPBlock(DraftHead, nn.Module):
     """The MTP parts of a layer, over the decoder layer class that follows this one in the MRO (whose
     forward is ``forward(positions, h)``): ``class X(MTPBlock, SomeDecoderLayer)``. Checkpoint names of
     both sit side by side under ``model.layers.{num_hidden_layers + k}``. Constructor arguments are the
@@ -172,16 +195,9 @@ class MTPBlock(nn.Module):
         """token_ids [n] -> [n, hidden]."""
         return target.embed(token_ids)
 
-    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] pre-norm output -> [n, vocab] float32 logits."""
-        return target.compute_logits(hidden)
-
-    def greedy_tokens(
-        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """[n, hidden] pre-norm output -> [R] int64: the argmax of ``compute_logits`` of rows ``rows`` [R]
-        (all when None), without the logits where one launch gives it (a greedy draft)."""
-        return target.greedy_tokens(hidden, rows)
+    def head_parts(self, target: nn.Module) -> tuple[nn.Module | None, nn.Module]:
+        """The target's final norm and head (a Llama-family target's ``compute_logits``)."""
+        return target.model.norm, target.lm_head
 
 
 class SharedHead(nn.Module):
@@ -229,13 +245,8 @@ class OwnHeadsMTPBlock(MTPBlock):
     def embed(self, target: nn.Module, token_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(token_ids)
 
-    def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        return norm_head_logits(self.shared_head.norm, self.shared_head.head, hidden)
-
-    def greedy_tokens(
-        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return head_argmax_tokens(self.shared_head.head, hidden, self.shared_head.norm, rows)
+    def head_parts(self, target: nn.Module) -> tuple[nn.Module | None, nn.Module]:
+        return self.shared_head.norm, self.shared_head.head
 
 
 class MTPLayer(MTPBlock, FusedDecoderLayer):

@@ -1,0 +1,137 @@
+"""A hot vocabulary for drafts read from the target's head (``--speculative-token-map``): the draft's logits over
+a chosen subset of the vocabulary only.
+
+An MTP layer drafts through a head of the target's size: Qwen3-Next's 151,936 rows of 2,048 (622 MB in bf16),
+DeepSeek-V3's 129,280 of 7,168 (1.85 GB), read once a draft step, where the verify step's own head is read once for
+all its drafts. A draft needs only the tokens it is likely to propose, so a token map names those rows (FR-Spec:
+frequency-ranked speculative sampling, the most frequent tokens of a corpus; 32,768 of them cut the read by 4.6x
+on Qwen's vocabulary) and the draft head reads them alone (``HotHead``: a copy of those rows). Lossless all the
+same: greedy, a draft outside the map is just never proposed; sampled, the draft's distribution q is zero outside
+the map, and verification accepts against that q (speculative/chain.py ``choose_chain`` gets logits of -inf
+there). The map changes which drafts are proposed, never what is committed.
+
+The file is what SGLang's ``--speculative-token-map`` reads (speculative/spec_utils.py ``load_token_map``:
+``torch.load(path, weights_only=True)``, then a tensor of the ids): a list or 1-D tensor of token ids saved by
+``torch.save``, such as FR-Spec's published ``freq_32768.pt``. SGLang applies it to drafts that share the target's
+head (EAGLE, MTP) and ignores it for EAGLE3, whose drafts have their own vocabulary (``d2t``); here a drafter that
+does not read the target's head refuses it (cli/speculative_args.py). A path, not a hub name: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from outpace.layers.fused_decoder import head_argmax_tokens, head_logits
+from outpace.layers.linear import is_sharded, project
+from outpace.validation import ConfigError
+
+FLAG = "--speculative-token-map"
+logger = logging.getLogger(__name__)
+
+
+def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
+    """The token map at ``path`` -> [H] int64 token ids (in the file's order), each in [0, vocab_size), none
+    twice. Refused, naming the flag and the file, when it is no such map."""
+    path = Path(path)
+    where = f"{FLAG} {path}"
+    if not path.is_file():
+        raise ConfigError(f"{where}: no such file")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # (torch raises several kinds for a file it cannot read)
+        raise ConfigError(
+            f"{where}: not a token map saved by torch.save ({type(e).__name__}: {e})"
+        ) from e
+    try:
+        ids = torch.as_tensor(saved)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError(
+            f"{where}: holds a {type(saved).__name__}, not a list or tensor of token ids"
+        ) from e
+    if ids.dim() != 1 or ids.numel() == 0 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ConfigError(
+            f"{where}: holds a {ids.dtype} tensor of shape {tuple(ids.shape)}; a token map is a non-empty "
+            "1-D list of integer token ids"
+        )
+    ids = ids.to(torch.int64)
+    outside = ids[(ids < 0) | (ids >= vocab_size)]
+    if outside.numel():
+        raise ConfigError(
+            f"{where}: token id {int(outside[0])} is outside the target's vocabulary of {vocab_size} "
+            f"({outside.numel()} such ids): a map made for another tokenizer?"
+        )
+    if torch.unique(ids).numel() != ids.numel():
+        raise ConfigError(f"{where}: names some token ids more than once")
+    return ids
+
+
+def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
+    """The ``size`` token ids of the highest counts (counts [vocab]), the most frequent first, equal counts in id
+    order: FR-Spec's frequency-ranked vocabulary (``outpace token-map`` counts a text's tokens)."""
+    return torch.sort(counts, descending=True, stable=True).indices[:size]
+
+
+class HotHead(nn.Module):
+    """The rows ``ids`` [H] of a head [vocab, hidden], copied: a head of H columns whose logits and greedy tokens
+    come back in the target's vocabulary."""
+
+    def __init__(self, head: nn.Module, ids: torch.Tensor) -> None:
+        super().__init__()
+        weight = getattr(head, "weight", None)
+        if is_sharded(head):
+            raise ConfigError(
+                f"{FLAG}: the draft's head is split across tensor-parallel ranks, where a hot vocabulary is "
+                "not implemented; run without the map"
+            )
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise ConfigError(
+                f"{FLAG}: the draft's head ({type(head).__name__}) holds no [vocab, hidden] weight to take "
+                "the map's rows of (a quantized head?)"
+            )
+        self.vocab_size = weight.shape[0]
+        self.register_buffer("ids", ids.to(weight.device), persistent=False)
+        self.register_buffer(
+            "weight", weight.detach()[self.ids].contiguous(), persistent=False
+        )  # [H, hidden]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, H] logits over the map's tokens."""
+        return project(hidden, self.weight)
+
+    def logits(self, norm: nn.Module | None, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, vocab] float32: the head's logits at the map's tokens, -inf elsewhere."""
+        hot = head_logits(norm, self, hidden)  # [n, H]
+        full = hot.new_full((hot.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.ids, hot)
+
+    def greedy_tokens(
+        self, norm: nn.Module | None, hidden: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[n, hidden] -> [R] int64 target ids: the argmax of ``logits`` for rows ``rows`` (all when None)."""
+        return head_argmax_tokens(self, hidden, norm, rows, token_map=self.ids)
+
+
+def hot_heads(layers, target: nn.Module, ids: torch.Tensor) -> list[HotHead]:
+    """For each MTP layer (models/drafts/mtp.py ``DraftHead``), the hot rows of its head; layers that share a
+    head share its copy."""
+    copies: dict[int, HotHead] = {}
+    heads = []
+    for layer in layers:
+        _, head = layer.head_parts(target)
+        if id(head) not in copies:
+            copies[id(head)] = HotHead(head, ids)
+        heads.append(copies[id(head)])
+    copied = sum(h.weight.numel() * h.weight.element_size() for h in copies.values())
+    logger.info(
+        "the drafts read %d of %d head rows (%s: %d head copies, %.1f MB)",
+        ids.numel(),
+        heads[0].vocab_size,
+        FLAG,
+        len(copies),
+        copied / 1e6,
+    )
+    return heads
