@@ -1,10 +1,13 @@
 """What a token map (``--speculative-token-map``, speculative/hot_vocab.py) costs MTP drafts in acceptance, and what
 it saves in head bytes: the zoo's MTP targets, greedy, on the zoo's held-out prompts, with no map and with maps of
-the most frequent tokens of some other text (``outpace token-map``'s ranking), each run's acceptance length (tau)
-and acceptance rate per draft position, and the share of the head a draft step reads. Float32 on the CPU.
+the most frequent tokens of a text (``outpace token-map``'s ranking), each run's acceptance length (tau) and
+acceptance rate per draft position, and the share of the head a draft step reads. Float32 on the CPU. The text: the
+zoo's training corpus (train/corpus.py: this machine's Python files, the held-out ones never among them), its first
+``--corpus-bytes``, as FR-Spec ranks a general corpus's tokens; or ``--text FILE``.
 
-    python benchmarks/scripts/token_map_acceptance.py --text FILE [--targets tinypy tinyds tinyqwen35]
-        [--sizes 2048 1024 512 256] [--num-steps 3] [--max-tokens 96] [--out FILE.json]
+    python benchmarks/scripts/token_map_acceptance.py [--text FILE | --corpus-bytes 8000000]
+        [--targets tinypy tinyds tinyqwen35] [--sizes 2048 1024 512 256] [--num-steps 3] [--max-tokens 96]
+        [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -24,15 +27,23 @@ from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
 
 
-def frequencies(tokenizer, text: Path, vocab: int) -> torch.Tensor:
-    """[vocab] int64: each token's count in the file, line by line."""
+def frequencies(tokenizer, documents: list[str], vocab: int) -> torch.Tensor:
+    """[vocab] int64: each token's count in the documents, each tokenized whole (cut at its lines, a code
+    tokenizer's newline-and-indent tokens would go uncounted)."""
     counts = torch.zeros(vocab, dtype=torch.int64)
-    for line in text.read_text(encoding="utf-8").splitlines(keepends=True):
+    for text in documents:
         ids = torch.tensor(
-            tokenizer(line, add_special_tokens=False)["input_ids"], dtype=torch.int64
+            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64
         )
         counts += torch.bincount(ids, minlength=vocab)[:vocab]
     return counts
+
+
+def training_documents(most_bytes: int) -> list[str]:
+    """The zoo's training split (train/corpus.py ``build_corpus``), up to ``most_bytes``: its files' texts."""
+    from outpace.train.corpus import build_corpus
+
+    return [f.text for f in build_corpus(max_total_bytes=most_bytes).train]
 
 
 def run(target: Path, token_map: Path | None, prompts: list[str], a) -> dict:
@@ -55,9 +66,8 @@ def run(target: Path, token_map: Path | None, prompts: list[str], a) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--text", required=True, help="the text whose most frequent tokens make the maps"
-    )
+    p.add_argument("--text", default=None, help="the text whose most frequent tokens make the maps")
+    p.add_argument("--corpus-bytes", type=int, default=8_000_000)
     p.add_argument("--targets", nargs="+", default=["tinypy", "tinyds", "tinyqwen35"])
     p.add_argument("--sizes", type=int, nargs="+", default=[2048, 1024, 512, 256])
     p.add_argument("--num-steps", type=int, default=3)
@@ -66,12 +76,15 @@ def main() -> None:
     a = p.parse_args()
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     rows, work = [], Path(tempfile.mkdtemp(prefix="token_map_"))
+    documents = (
+        [Path(a.text).read_text(encoding="utf-8")] if a.text else training_documents(a.corpus_bytes)
+    )
     print(f"{'target':<12}{'map':>6}{'head read':>11}{'tau':>8}  rate per position        output")
     for name in a.targets:
         target = zoo_dir() / name
         tokenizer = load_tokenizer(target)
         vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-        counts = frequencies(tokenizer, Path(a.text), vocab)
+        counts = frequencies(tokenizer, documents, vocab)
         plain = None
         for size in [None, *a.sizes]:
             path = None
@@ -91,9 +104,7 @@ def main() -> None:
                 f"{'equal' if same else 'DIFFERS'}"
             )
     if a.out:
-        Path(a.out).write_text(
-            json.dumps({"text": a.text, "args": vars(a), "rows": rows}, indent=1)
-        )
+        Path(a.out).write_text(json.dumps({"args": vars(a), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -30,12 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def texts(path: Path) -> Iterator[str]:
-    """The pieces of text a file holds: each JSON line's 'text' (.jsonl), else each line."""
+    """The pieces of text a file holds, each tokenized whole: each JSON line's 'text' (.jsonl), else the file
+    (cut at its lines, tokens that span a line break, as code tokenizers' newline-and-indent ones do, would go
+    uncounted)."""
+    if path.suffix != ".jsonl":
+        yield path.read_text(encoding="utf-8")
+        return
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            if path.suffix != ".jsonl":
-                yield line
-                continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:

@@ -207,6 +207,13 @@ def test_token_map_writes_the_most_frequent_tokens_of_a_text(tmp_path, capsys):
     assert ids == ranked[:6]
     assert load_token_map(out, 4096).tolist() == ids
     assert "6 of 4096 tokens" in capsys.readouterr().out
+    plain = (
+        tmp_path / "code.py"
+    )  # counted whole: its newline-and-indent tokens span its line breaks
+    plain.write_text("".join(pieces))
+    main(["token-map", str(ZOO / "tinypy"), "--text", str(plain), "--size", "6", "--out", str(out)])
+    counts = Counter(tokenizer("".join(pieces), add_special_tokens=False)["input_ids"])
+    assert torch.load(out, weights_only=True) == sorted(counts, key=lambda t: (-counts[t], t))[:6]
     text.write_text('{"text": "x"}\n{"prompt": "y"}\n')
     with pytest.raises(SystemExit, match=f"--text {text}: line 2 has no 'text' string"):
         main(
