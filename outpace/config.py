@@ -89,7 +89,7 @@ class SpeculativeConfig:
                 "token_map",
                 self.token_map,
                 takes,
-                "given only with a drafter whose drafts read a head of the target's vocabulary (mtp), not "
+                "given only with a drafter whose drafts read a head of the target's vocabulary (mtp, dflash), not "
                 f"method {self.method!r}",
             )
 

@@ -1,6 +1,6 @@
-"""An MTP draft step's head with and without a token map (speculative/hot_vocab.py), alone on the GPU: the greedy
-draft (the head with its argmax folded in, layers/fused_decoder.py ``head_argmax_tokens``) and the sampled draft's
-logits (``norm_head_logits``; through a map, scattered into the whole vocabulary) of 1, 8 and 32 rows, over the
+"""A draft step's head with and without a token map (speculative/hot_vocab.py ``Readout``), alone on the GPU: the
+greedy drafts (the head with its argmax folded in, layers/fused_decoder.py ``head_argmax_tokens``) and the sampled
+drafts' logits (through a map, scattered into the whole vocabulary) of 1, 8 and 32 rows, over the
 heads of Qwen3-Next / Qwen3.5 (151,936 x 2,048), Llama-3 (128,256 x 4,096) and DeepSeek-V3 / Kimi-K2 (129,280 x
 7,168; 163,840 x 7,168) in bf16, each against a map of 32,768 tokens (FR-Spec's largest). Each call's share of a CUDA
 graph of 20 calls, the best of 5 replays; the floor is the head's bytes over the copy bandwidth measured here.
@@ -16,9 +16,8 @@ import json
 import torch
 
 from outpace.layers.embedding import LMHead
-from outpace.layers.fused_decoder import head_argmax_tokens, norm_head_logits
 from outpace.layers.norm import RMSNorm
-from outpace.speculative.hot_vocab import HotHead
+from outpace.speculative.hot_vocab import HotHead, Readout
 
 HEADS = {  # vocabulary, hidden (each model's hub config.json)
     "qwen3-next": (151936, 2048),
@@ -80,17 +79,21 @@ def main() -> None:
         head = LMHead(hidden, vocab).to("cuda", torch.bfloat16)
         torch.nn.init.normal_(head.weight, std=0.02)
         norm = RMSNorm(hidden, 1e-6).to("cuda", torch.bfloat16)
-        hot = HotHead(head, torch.randperm(vocab, device="cuda")[: a.hot])
+        full, hot = (
+            Readout(norm, head),
+            HotHead(head, torch.randperm(vocab, device="cuda")[: a.hot]),
+        )
+        mapped = Readout(norm, head, hot)
         floors = [w.numel() * w.element_size() / bandwidth * 1e6 for w in (head.weight, hot.weight)]
         for rows in a.rows:
             h = torch.randn(rows, hidden, device="cuda", dtype=torch.bfloat16)
             row = {
                 "head": name,
                 "rows": rows,
-                "greedy_full_us": timed(lambda: head_argmax_tokens(head, h, norm)),
-                "greedy_hot_us": timed(lambda: hot.greedy_tokens(norm, h)),
-                "logits_full_us": timed(lambda: norm_head_logits(norm, head, h)),
-                "logits_hot_us": timed(lambda: hot.logits(norm, h)),
+                "greedy_full_us": timed(lambda: full.greedy_tokens(h)),
+                "greedy_hot_us": timed(lambda: mapped.greedy_tokens(h)),
+                "logits_full_us": timed(lambda: full.logits(h)),
+                "logits_hot_us": timed(lambda: mapped.logits(h)),
                 "floor_full_us": floors[0],
                 "floor_hot_us": floors[1],
             }

@@ -48,8 +48,8 @@ def add_speculative_args(p: argparse.ArgumentParser) -> None:
         "--speculative-token-map",
         default=None,
         metavar="FILE",
-        help="token ids saved by torch.save (SGLang's and FR-Spec's format): MTP drafts read only these rows of "
-        "the head (fewer bytes a draft step; still lossless)",
+        help="token ids saved by torch.save (SGLang's and FR-Spec's format): MTP and DFlash drafts read only "
+        "these rows of the target's head (fewer bytes a draft step; still lossless)",
     )
 
 
@@ -70,7 +70,7 @@ def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
     if a.speculative_token_map is not None and not drafter.takes_token_map:
         raise ValueError(
             f"--speculative-token-map {a.speculative_token_map} is given, but --method {method} drafts from no "
-            "head of the target's vocabulary (mtp does; an EAGLE3 draft has its own)"
+            "head of the target's vocabulary (mtp and dflash do; an EAGLE3 draft has its own)"
         )
     draft = draft_checkpoint(a, method, drafter)
     num_steps = a.num_steps

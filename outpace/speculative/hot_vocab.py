@@ -1,20 +1,23 @@
-"""A hot vocabulary for drafts read from the target's head (``--speculative-token-map``): the draft's logits over
-a chosen subset of the vocabulary only.
+"""A hot vocabulary for drafts read from a head of the target's vocabulary (``--speculative-token-map``): the
+draft's logits over a chosen subset of the vocabulary only.
 
-An MTP layer drafts through a head of the target's size: Qwen3-Next's 151,936 rows of 2,048 (622 MB in bf16),
-DeepSeek-V3's 129,280 of 7,168 (1.85 GB), read once a draft step, where the verify step's own head is read once for
-all its drafts. A draft needs only the tokens it is likely to propose, so a token map names those rows (FR-Spec:
-frequency-ranked speculative sampling, the most frequent tokens of a corpus; 32,768 of them cut the read by 4.6x
-on Qwen's vocabulary) and the draft head reads them alone (``HotHead``: a copy of those rows). Lossless all the
+MTP layers and DFlash drafts predict through a head of the target's size: Qwen3-Next's 151,936 rows of 2,048 (622 MB
+in bf16), Qwen3-8B's of 4,096 (1.24 GB), DeepSeek-V3's 129,280 of 7,168 (1.85 GB), read once a draft step (an MTP
+layer's step, or a DFlash block), beside the verify step's own read of the target's head. A draft needs only the
+tokens it is likely to propose, so a token map names those rows (FR-Spec: frequency-ranked speculative sampling, the
+most frequent tokens of a corpus; 32,768 of them cut the read by 4.6x on Qwen's vocabulary) and the draft reads them
+alone (``HotHead``: a copy of those rows; ``Readout``: the draft's tokens and logits through it). Lossless all the
 same: greedy, a draft outside the map is just never proposed; sampled, the draft's distribution q is zero outside
 the map, and verification accepts against that q (speculative/chain.py ``choose_chain`` gets logits of -inf
-there). The map changes which drafts are proposed, never what is committed.
+there). The map changes which drafts are proposed, never what is committed; what it costs in acceptance depends on
+the text (benchmarks/results/token_map_zoo/).
 
 The file is what SGLang's ``--speculative-token-map`` reads (speculative/spec_utils.py ``load_token_map``:
 ``torch.load(path, weights_only=True)``, then a tensor of the ids): a list or 1-D tensor of token ids saved by
-``torch.save``, such as FR-Spec's published ``freq_32768.pt``. SGLang applies it to drafts that share the target's
-head (EAGLE, MTP) and ignores it for EAGLE3, whose drafts have their own vocabulary (``d2t``); here a drafter that
-does not read the target's head refuses it (cli/speculative_args.py). A path, not a hub name: nothing is downloaded.
+``torch.save``, such as FR-Spec's published ``freq_32768.pt``; ``outpace token-map`` makes one from text. SGLang
+applies it to drafts that share the target's head (EAGLE, MTP) and ignores it for EAGLE3, whose drafts have their
+own vocabulary (``d2t``); here a drafter that reads no head of the target's vocabulary refuses it
+(``Proposer.takes_token_map``). A path, not a hub name: nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -76,8 +79,7 @@ def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class HotHead(nn.Module):
-    """The rows ``ids`` [H] of a head [vocab, hidden], copied: a head of H columns whose logits and greedy tokens
-    come back in the target's vocabulary."""
+    """The rows ``ids`` [H] of a head [vocab, hidden], copied: a head of H columns."""
 
     def __init__(self, head: nn.Module, ids: torch.Tensor) -> None:
         super().__init__()
@@ -102,36 +104,49 @@ class HotHead(nn.Module):
         """[n, hidden] -> [n, H] logits over the map's tokens."""
         return project(hidden, self.weight)
 
-    def logits(self, norm: nn.Module | None, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> [n, vocab] float32: the head's logits at the map's tokens, -inf elsewhere."""
-        hot = head_logits(norm, self, hidden)  # [n, H]
-        full = hot.new_full((hot.shape[0], self.vocab_size), float("-inf"))
-        return full.index_copy_(1, self.ids, hot)
 
-    def greedy_tokens(
-        self, norm: nn.Module | None, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """[n, hidden] -> [R] int64 target ids: the argmax of ``logits`` for rows ``rows`` (all when None)."""
-        return head_argmax_tokens(self, hidden, norm, rows, token_map=self.ids)
+class Readout:
+    """A draft's tokens and logits from its hidden rows: ``norm`` (None where they come normed) then ``head``, or,
+    where ``hot`` is given, the head's rows of a token map, the tokens and logits still in the target's vocabulary."""
+
+    def __init__(self, norm: nn.Module | None, head: nn.Module, hot: HotHead | None = None) -> None:
+        self.norm, self.head, self.hot = norm, head, hot
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, vocab] float32 (through a map: -inf outside it)."""
+        if self.hot is None:
+            return head_logits(self.norm, self.head, hidden)
+        hot = head_logits(self.norm, self.hot, hidden)  # [n, H]
+        full = hot.new_full((hot.shape[0], self.hot.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.hot.ids, hot)
+
+    def greedy_tokens(self, hidden: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, hidden] -> [R] int64 target ids: the argmax of ``logits`` for rows ``rows`` (all when None), in one
+        launch for few rows on the GPU (layers/fused_decoder.py ``head_argmax_tokens``)."""
+        if self.hot is None:
+            return head_argmax_tokens(self.head, hidden, self.norm, rows)
+        return head_argmax_tokens(self.hot, hidden, self.norm, rows, token_map=self.hot.ids)
 
 
-def hot_heads(layers, target: nn.Module, ids: torch.Tensor) -> list[HotHead]:
-    """For each MTP layer (models/drafts/mtp.py ``DraftHead``), the hot rows of its head; layers that share a
-    head share its copy."""
+def readouts(
+    parts: list[tuple[nn.Module | None, nn.Module]], token_map: str | None, vocab_size: int
+) -> list[Readout]:
+    """A ``Readout`` for each (norm, head) of a drafter's heads; with a token map (``SpeculativeConfig.token_map``)
+    through each head's rows of the map's tokens, heads given twice sharing their copy."""
+    if token_map is None:
+        return [Readout(norm, head) for norm, head in parts]
+    ids = load_token_map(token_map, vocab_size)
     copies: dict[int, HotHead] = {}
-    heads = []
-    for layer in layers:
-        _, head = layer.head_parts(target)
+    for _, head in parts:
         if id(head) not in copies:
             copies[id(head)] = HotHead(head, ids)
-        heads.append(copies[id(head)])
     copied = sum(h.weight.numel() * h.weight.element_size() for h in copies.values())
     logger.info(
-        "the drafts read %d of %d head rows (%s: %d head copies, %.1f MB)",
+        "drafts read %d of %d head rows (%s: %d head copies, %.1f MB)",
         ids.numel(),
-        heads[0].vocab_size,
+        vocab_size,
         FLAG,
         len(copies),
         copied / 1e6,
     )
-    return heads
+    return [Readout(norm, head, copies[id(head)]) for norm, head in parts]

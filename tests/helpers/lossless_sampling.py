@@ -13,7 +13,7 @@ PARAMS = SamplingParams(temperature=0.8, top_k=4, top_p=0.95, max_tokens=LENGTH,
 
 def save_sampling_models(root) -> dict:
     """name -> path: the target (with 2 MTP layers), a standalone, an EAGLE3 and a DFlash draft, and a token
-    map of three of the five tokens (out of order) for MTP drafts."""
+    map of three of the five tokens (out of order) for MTP and DFlash drafts."""
     target = random_llama(root / "target", VOCAB, seed=0, mtp_layers=2)
     torch.save([3, 0, 1], root / "token_map.pt")
     return {
@@ -40,6 +40,9 @@ SPECS = {
     "ngram": lambda m: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
     "draft": lambda m: SpeculativeConfig("draft", str(m["draft"]), num_steps=3),
     "dflash": lambda m: SpeculativeConfig("dflash", str(m["dflash"]), num_steps=2),
+    "dflash-token-map": lambda m: SpeculativeConfig(
+        "dflash", str(m["dflash"]), num_steps=2, token_map=str(m["token_map"])
+    ),
     # adaptive speculation, forced through 0 .. 3 drafts step after step (speculative/adaptive.py)
     "eagle3-adaptive": lambda m: SpeculativeConfig(
         "eagle3", str(m["eagle3"]), num_steps=3, adaptive=True

@@ -23,7 +23,7 @@ from outpace.cli.speculative_args import speculative_config
 from outpace.config import SpeculativeConfig
 from outpace.layers.embedding import LMHead
 from outpace.models.loader import load_model
-from outpace.speculative.hot_vocab import HotHead, load_token_map
+from outpace.speculative.hot_vocab import HotHead, Readout, load_token_map
 from outpace.validation import ConfigError
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
@@ -76,6 +76,7 @@ def test_only_a_drafter_that_reads_the_targets_vocabulary_takes_a_map(tmp_path):
     zoo_py = str(ZOO / "tinypy")
     for flags, why in [
         (["--method", "eagle3"], "--speculative-token-map map.pt is given, but --method eagle3"),
+        (["--method", "ngram"], "--speculative-token-map map.pt is given, but --method ngram"),
         (["--method", "none"], "--speculative-token-map map.pt is given, but --method is none"),
     ]:
         a = parse_args(
@@ -130,16 +131,17 @@ def test_a_hot_head_gives_the_full_heads_logits_at_the_maps_tokens(targets, layo
     for layer in target.mtp_layers:
         h = torch.randn(5, hidden, generator=g)
         norm, head = layer.head_parts(target)
-        hot = HotHead(head, ids)
+        readout = Readout(norm, head, HotHead(head, ids))
         full = layer.compute_logits(target, h)  # [5, vocab]
-        logits = hot.logits(norm, h)
+        logits = readout.logits(h)
         torch.testing.assert_close(logits[:, ids], full[:, ids], rtol=1e-5, atol=1e-5)
         outside = torch.ones(vocab, dtype=torch.bool)
         outside[ids] = False
         assert torch.isneginf(logits[:, outside]).all()
-        assert torch.equal(hot.greedy_tokens(norm, h), ids[full[:, ids].argmax(-1)])
+        assert torch.equal(readout.greedy_tokens(h), ids[full[:, ids].argmax(-1)])
         rows = torch.tensor([4, 1])
-        assert torch.equal(hot.greedy_tokens(norm, h, rows), ids[full[rows][:, ids].argmax(-1)])
+        assert torch.equal(readout.greedy_tokens(h, rows), ids[full[rows][:, ids].argmax(-1)])
+        assert torch.equal(Readout(norm, head).greedy_tokens(h, rows), full[rows].argmax(-1))
 
 
 def _run(path: Path, spec: SpeculativeConfig, prompts, params):
@@ -157,9 +159,14 @@ def _run(path: Path, spec: SpeculativeConfig, prompts, params):
     return llm.generate(prompts, params), torch.cat(drafted)
 
 
-@pytest.mark.parametrize("name", ["tinypy", "tinyds"])
-def test_mtp_through_a_map_drafts_its_tokens_and_commits_plain_decodings(tmp_path, name):
-    """Greedy on the zoo's MTP targets: through a map of half the vocabulary (every token the runs commit among
+@pytest.mark.parametrize(
+    "name, method, steps",
+    [("tinypy", "mtp", 2), ("tinyds", "mtp", 2), ("tinypy", "dflash", 7)],
+)
+def test_drafts_through_a_map_are_its_tokens_and_commit_plain_decodings(
+    tmp_path, name, method, steps
+):
+    """Greedy on the zoo's MTP targets and DFlash draft: through a map of half the vocabulary (every token the runs commit among
     them, so that drafts still land, and none of the wrong drafts made without a map), every draft is a map token
     and the output is the target's own; a map of the whole vocabulary, shuffled, drafts exactly what no map
     drafts."""
@@ -167,7 +174,8 @@ def test_mtp_through_a_map_drafts_its_tokens_and_commits_plain_decodings(tmp_pat
     vocab = load_model(path, torch.float32).config.vocab_size
     prompts = [[5 + 7 * i + j for j in range(6 + i)] for i in range(3)]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    mtp = dict(method="mtp", num_steps=2, adaptive=False)
+    draft = str(ZOO / f"{name}-dflash") if method == "dflash" else None
+    mtp = dict(method=method, draft=draft, num_steps=steps, adaptive=False)
     plain = LLM(str(path), dtype="float32", cuda_graphs=False).generate(prompts, params)
     free, free_drafts = _run(path, SpeculativeConfig(**mtp), prompts, params)
     g = torch.Generator().manual_seed(1)

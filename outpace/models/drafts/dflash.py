@@ -40,7 +40,6 @@ from torch import nn
 from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
-    head_argmax_tokens,
     norm_head_logits,
     write_kv,
 )
@@ -138,19 +137,18 @@ class DFlashDraft(nn.Module):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self._borrowed[0](token_ids)
 
+    @property
+    def head(self) -> nn.Module:
+        """The head the draft predicts with (the target's)."""
+        return self._borrowed[1]
+
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """[..., num_features * target_hidden] concatenated target states -> context features [..., hidden]."""
         return self.hidden_norm(self.fc(aux))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] pre-norm block rows -> [n, vocab] float32 logits (the target's head)."""
-        head = self._borrowed[1]
-        return norm_head_logits(self.norm, head, hidden)
-
-    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] pre-norm block rows -> [n] int64 the argmax of ``compute_logits``, without the logits
-        where one launch gives it (layers/fused_decoder.py)."""
-        return head_argmax_tokens(self._borrowed[1], hidden, self.norm)
+        return norm_head_logits(self.norm, self.head, hidden)
 
     # ---- serving (paged KV, inside a forward_context) ----------------------------------------
     def write_context(

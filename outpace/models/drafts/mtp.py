@@ -41,7 +41,6 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
     embed_norm_pair,
-    head_argmax_tokens,
     head_logits,
     run_layer,
 )
@@ -111,26 +110,19 @@ def build_mtp_layers(cfg: ModelConfig, rotary: RotaryEmbedding, own_heads: bool)
 
 
 class DraftHead:
-    """How an MTP layer's drafts are read (a mixin): ``head_parts`` names the norm and the head, and the logits and
-    greedy tokens follow from them, so what a hot vocabulary (speculative/hot_vocab.py) puts in the head's place
-    computes the same columns."""
+    """How an MTP layer's drafts are read (a mixin): ``head_parts`` names the norm and the head, and the logits
+    follow from them, as do the drafts (speculative/hot_vocab.py ``Readout``: the head, or its rows of a token
+    map's tokens)."""
 
     def head_parts(self, target: nn.Module) -> tuple[nn.Module | None, nn.Module]:
         """(the norm the head reads this layer's output through, None where the output comes normed; the head)."""
         raise NotImplementedError
 
     def compute_logits(self, target: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] this layer's output -> [n, vocab] float32 logits."""
+        """[n, hidden] this layer's output -> [n, vocab] float32 logits (what training fits; drafting reads the
+        head through speculative/hot_vocab.py ``Readout``, in one launch for greedy drafts)."""
         norm, head = self.head_parts(target)
         return head_logits(norm, head, hidden)
-
-    def greedy_tokens(
-        self, target: nn.Module, hidden: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """[n, hidden] this layer's output -> [R] int64: the argmax of ``compute_logits`` of rows ``rows`` [R] (all
-        when None), without the logits where one launch gives it (a greedy draft)."""
-        norm, head = self.head_parts(target)
-        return head_argmax_tokens(head, hidden, norm, rows)
 
 
 class MTPBlock(DraftHead, nn.Module):

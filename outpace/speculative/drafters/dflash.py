@@ -30,6 +30,7 @@ from outpace.config import SpeculativeConfig
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.dflash import dflash_block_size, load_dflash_draft
 from outpace.speculative.chain import chain_drafts, choose_chain
+from outpace.speculative.hot_vocab import readouts
 from outpace.speculative.proposer import (
     DecodeRows,
     Drafts,
@@ -44,6 +45,7 @@ from outpace.validation import ConfigError
 
 class DFlashProposer(Proposer):
     draft_checkpoint_tensor = "fc.weight"  # the fusion of the target's hidden features
+    takes_token_map = True  # the draft predicts with the target's head
 
     @classmethod
     def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
@@ -76,6 +78,12 @@ class DFlashProposer(Proposer):
                 f"(= {spec.num_steps + 1}) must equal block_size; use num_steps={cfg.block_size - 1}"
             )
         self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
+        # the draft's head, or with a token map its rows of the map's tokens (speculative/hot_vocab.py)
+        (self.readout,) = readouts(
+            [(self.draft_model.norm, self.draft_model.head)],
+            spec.token_map,
+            target.config.vocab_size,
+        )
         self.aux_layer_ids = cfg.capture_layer_ids
         bind_kv_cache(self.draft_model, pool, dtype, device)
         self.dtype = dtype
@@ -133,9 +141,7 @@ class DFlashProposer(Proposer):
         # greedy rows: the head's argmax in one launch (layers/fused_decoder.py), no logits written
         if k and rows.sampling.all_greedy:
             tokens = list(
-                self.draft_model.greedy_tokens(self.block_rows(rows, k))
-                .view(rows.size, k)
-                .unbind(1)
+                self.readout.greedy_tokens(self.block_rows(rows, k)).view(rows.size, k).unbind(1)
             )
         else:
             logits = self.block_logits(rows, k) if k else None  # [b, k, vocab]
@@ -144,7 +150,7 @@ class DFlashProposer(Proposer):
 
     def block_logits(self, rows: DecodeRows, k: int) -> torch.Tensor:
         """One draft forward over every row's block -> the logits of block rows 1 .. k, [b, k, vocab]."""
-        return self.draft_model.compute_logits(self.block_rows(rows, k)).view(rows.size, k, -1)
+        return self.readout.logits(self.block_rows(rows, k)).view(rows.size, k, -1)
 
     def block_rows(self, rows: DecodeRows, k: int) -> torch.Tensor:
         """One draft forward over every row's block -> its rows 1 .. k, pre-norm, [b * k, hidden]."""

@@ -52,7 +52,7 @@ from outpace.config import SpeculativeConfig
 from outpace.layers.moe import RoutedExperts
 from outpace.layers.routed_rows import routed_rows
 from outpace.speculative.chain import chain_drafts, draft_token
-from outpace.speculative.hot_vocab import hot_heads, load_token_map
+from outpace.speculative.hot_vocab import readouts
 from outpace.speculative.proposer import (
     HOLD_ROWS,
     DecodeRows,
@@ -68,7 +68,7 @@ from outpace.validation import ConfigError
 
 class MTPProposer(Proposer):
     takes_draft_checkpoint = False  # the target's own MTP layers draft
-    takes_token_map = True  # their heads are the target's vocabulary
+    takes_token_map = True  # their heads are over the target's vocabulary
 
     def __init__(
         self,
@@ -106,11 +106,9 @@ class MTPProposer(Proposer):
         )  # target states
         self.hold_window = self.pending.width if held else 0
         self.narrow_window = verify_rows if held else 0
-        # with a token map, each layer drafts from its head's rows of the map's tokens (speculative/hot_vocab.py)
-        self.hot = (
-            None
-            if spec.token_map is None
-            else hot_heads(self.layers, target, load_token_map(spec.token_map, cfg.vocab_size))
+        # each layer's drafts: its head, or with a token map the head's rows of its tokens (speculative/hot_vocab.py)
+        self.readouts = readouts(
+            [layer.head_parts(target) for layer in self.layers], spec.token_map, cfg.vocab_size
         )
 
     @property
@@ -279,8 +277,8 @@ class MTPProposer(Proposer):
                             rows,
                             k + 1,
                             probs,
-                            lambda: self._greedy_tokens(k, h, window.last),
-                            lambda: self._logits(k, h[window.last]),
+                            lambda: self.readouts[k].greedy_tokens(h, window.last),
+                            lambda: self.readouts[k].logits(h[window.last]),
                         )
                     )
         if shape.num_steps > len(self.layers):  # (the window's last rows gathered only for these)
@@ -294,28 +292,11 @@ class MTPProposer(Proposer):
                     rows,
                     j,
                     probs,
-                    lambda: self._greedy_tokens(len(self.layers) - 1, h),
-                    lambda: self._logits(len(self.layers) - 1, h),
+                    lambda: self.readouts[-1].greedy_tokens(h),
+                    lambda: self.readouts[-1].logits(h),
                 )
             )
         return chain_drafts(rows, tokens, probs)
-
-    def _greedy_tokens(
-        self, k: int, h: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Layer k's greedy drafts [R] of its output h's rows ``rows`` (all when None): from its head, or from the
-        head's rows of the token map's tokens."""
-        layer = self.layers[k]
-        if self.hot is None:
-            return layer.greedy_tokens(self.target, h, rows)
-        return self.hot[k].greedy_tokens(layer.head_parts(self.target)[0], h, rows)
-
-    def _logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
-        """Layer k's draft logits [n, vocab] of its output h (with a token map: -inf outside the map)."""
-        layer = self.layers[k]
-        if self.hot is None:
-            return layer.compute_logits(self.target, h)
-        return self.hot[k].logits(layer.head_parts(self.target)[0], h)
 
     # ---- rows whose output something reads (layers/routed_rows.py) ------------------------------
     # A mixture's MTP layer routes only those rows to experts: the others still write their KV rows (from the
