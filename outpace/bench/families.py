@@ -282,15 +282,15 @@ def mtp_oracle(llm: LLM, batches: tuple[int, ...], context: int) -> list[dict]:
     return rows
 
 
-def run_mtp_oracle(config: dict, workdir: Path) -> dict:
+def run_mtp_oracle(config: dict, workdir: Path, token_map: str | None = None) -> dict:
     """``mtp_oracle`` at every batch of an engine of ``config`` with its MTP layer (family_shapes.py
     ``with_mtp``) drafting up to bench/hybrid_shape.py's MTP_STEPS tokens, adaptively (so that every draft
-    count is captured and profiled)."""
+    count is captured and profiled); through ``token_map`` when given (speculative/hot_vocab.py)."""
     from outpace.bench.family_shapes import with_mtp
     from outpace.bench.hybrid_shape import MTP_STEPS
 
     t0 = time.perf_counter()
-    spec = SpeculativeConfig("mtp", num_steps=MTP_STEPS, adaptive=True)
+    spec = SpeculativeConfig("mtp", num_steps=MTP_STEPS, adaptive=True, token_map=token_map)
     llm = build(workdir, with_mtp(config), max(BATCHES), BATCHES, spec)
     try:
         build_s = time.perf_counter() - t0
