@@ -199,53 +199,51 @@ def test_drafts_through_a_map_are_its_tokens_and_commit_plain_decodings(
     assert sum(o.spec_metrics.num_accepted_drafts for o in mapped) > 0
 
 
-def test_token_map_writes_the_most_frequent_tokens_of_a_text(tmp_path, capsys):
+def _token_map(text: Path, size: int, out: Path) -> None:
     from outpace.cli import main
+
+    main(
+        [
+            "token-map",
+            str(ZOO / "tinypy"),
+            "--text",
+            str(text),
+            "--size",
+            str(size),
+            "--out",
+            str(out),
+        ]
+    )
+
+
+def test_token_map_writes_the_most_frequent_tokens_of_a_text(tmp_path, capsys):
     from outpace.engine.start_up import load_tokenizer
 
-    text = tmp_path / "code.jsonl"
-    pieces = ["def f(x):\n    return x + 1\n", "for i in range(10):\n    print(i, i)\n"]
-    text.write_text("".join(json.dumps({"text": p}) + "\n" for p in pieces))
-    out = tmp_path / "map.pt"
-    main(["token-map", str(ZOO / "tinypy"), "--text", str(text), "--size", "6", "--out", str(out)])
     tokenizer = load_tokenizer(ZOO / "tinypy")
-    counts = Counter(t for p in pieces for t in tokenizer(p, add_special_tokens=False)["input_ids"])
+
+    def ranked(
+        texts: list[str],
+    ) -> list[int]:  # each text tokenized alone; most frequent first, ties by id
+        counts = Counter(
+            t for x in texts for t in tokenizer(x, add_special_tokens=False)["input_ids"]
+        )
+        return sorted(counts, key=lambda t: (-counts[t], t))
+
+    pieces = ["def f(x):\n    return x + 1\n", "for i in range(10):\n    print(i, i)\n"]
+    lines, out = tmp_path / "code.jsonl", tmp_path / "map.pt"
+    lines.write_text("".join(json.dumps({"text": p}) + "\n" for p in pieces))
+    _token_map(lines, 6, out)
     ids = torch.load(out, weights_only=True)
-    ranked = sorted(counts, key=lambda t: (-counts[t], t))  # most frequent first, ties by id
-    assert ids == ranked[:6]
+    assert ids == ranked(pieces)[:6]
     assert load_token_map(out, 4096).tolist() == ids
     assert "6 of 4096 tokens" in capsys.readouterr().out
-    plain = (
-        tmp_path / "code.py"
-    )  # counted whole: its newline-and-indent tokens span its line breaks
+    # a plain file is counted whole: its newline-and-indent tokens span its line breaks
+    plain = tmp_path / "code.py"
     plain.write_text("".join(pieces))
-    main(["token-map", str(ZOO / "tinypy"), "--text", str(plain), "--size", "6", "--out", str(out)])
-    counts = Counter(tokenizer("".join(pieces), add_special_tokens=False)["input_ids"])
-    assert torch.load(out, weights_only=True) == sorted(counts, key=lambda t: (-counts[t], t))[:6]
-    text.write_text('{"text": "x"}\n{"prompt": "y"}\n')
-    with pytest.raises(SystemExit, match=f"--text {text}: line 2 has no 'text' string"):
-        main(
-            [
-                "token-map",
-                str(ZOO / "tinypy"),
-                "--text",
-                str(text),
-                "--size",
-                "6",
-                "--out",
-                str(out),
-            ]
-        )
+    _token_map(plain, 6, out)
+    assert torch.load(out, weights_only=True) == ranked(["".join(pieces)])[:6]
+    lines.write_text('{"text": "x"}\n{"prompt": "y"}\n')
+    with pytest.raises(SystemExit, match=f"--text {lines}: line 2 has no 'text' string"):
+        _token_map(lines, 6, out)
     with pytest.raises(SystemExit, match="--size 5000 is not in"):
-        main(
-            [
-                "token-map",
-                str(ZOO / "tinypy"),
-                "--text",
-                str(text),
-                "--size",
-                "5000",
-                "--out",
-                str(out),
-            ]
-        )
+        _token_map(lines, 5000, out)
