@@ -67,11 +67,13 @@ def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
                 )
         return SpeculativeConfig()
     drafter = proposer_class(method)
-    if a.speculative_token_map is not None and not drafter.takes_token_map:
-        raise ValueError(
-            f"--speculative-token-map {a.speculative_token_map} is given, but --method {method} drafts from no "
-            "head of the target's vocabulary (mtp and dflash do; an EAGLE3 draft has its own)"
-        )
+    if a.speculative_token_map is not None:
+        if not drafter.takes_token_map:
+            raise ValueError(
+                f"--speculative-token-map {a.speculative_token_map} is given, but --method {method} drafts from "
+                "no head of the target's vocabulary (mtp and dflash do; an EAGLE3 draft has its own)"
+            )
+        check_token_map(a.speculative_token_map, a.model)
     draft = draft_checkpoint(a, method, drafter)
     num_steps = a.num_steps
     if num_steps is None:
@@ -87,6 +89,15 @@ def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
         adaptive=not fixed,
         token_map=a.speculative_token_map,
     )
+
+
+def check_token_map(path: str, model: str) -> None:
+    """Refuse a token map that is no map of the model's vocabulary (speculative/hot_vocab.py
+    ``load_token_map``), before the model loads: its config.json alone gives the vocabulary."""
+    from outpace.model_config import ModelConfig
+    from outpace.speculative.hot_vocab import load_token_map
+
+    load_token_map(path, ModelConfig.from_pretrained(model).vocab_size)
 
 
 def draft_checkpoint(a: argparse.Namespace, method: str, drafter: type) -> Path | None:

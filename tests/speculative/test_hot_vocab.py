@@ -84,10 +84,16 @@ def test_only_a_drafter_that_reads_the_targets_vocabulary_takes_a_map(tmp_path):
         )
         with pytest.raises(ValueError, match=why):
             speculative_config(a)
-    a = parse_args(
-        ["generate", zoo_py, "--prompt", "x", "--method", "mtp", "--speculative-token-map", "m.pt"]
-    )
-    assert speculative_config(a).token_map == "m.pt"
+    given = ["generate", zoo_py, "--prompt", "x", "--method", "mtp", "--speculative-token-map"]
+    with pytest.raises(ConfigError, match="--speculative-token-map m.pt: no such file"):
+        speculative_config(parse_args([*given, "m.pt"]))  # (before the model loads)
+    wide = _save(tmp_path / "wide.pt", [1, 5000])
+    with pytest.raises(
+        ConfigError, match="token id 5000 is outside the target's vocabulary of 4096"
+    ):
+        speculative_config(parse_args([*given, str(wide)]))
+    fine = _save(tmp_path / "map.pt", [1, 2, 3])
+    assert speculative_config(parse_args([*given, str(fine)])).token_map == str(fine)
 
 
 def test_a_head_split_across_ranks_is_refused():
