@@ -172,10 +172,10 @@ def _run(path: Path, spec: SpeculativeConfig, prompts, params):
 def test_drafts_through_a_map_are_its_tokens_and_commit_plain_decodings(
     tmp_path, name, method, steps
 ):
-    """Greedy on the zoo's MTP targets and DFlash draft: through a map of half the vocabulary (every token the runs commit among
-    them, so that drafts still land, and none of the wrong drafts made without a map), every draft is a map token
-    and the output is the target's own; a map of the whole vocabulary, shuffled, drafts exactly what no map
-    drafts."""
+    """Greedy on the zoo's MTP targets and DFlash draft: through a map of half the vocabulary (every token the runs
+    commit among them, so that drafts still land, and none of the wrong drafts made without a map), every draft is
+    a map token and the output is the target's own; a map of the whole vocabulary, shuffled, drafts exactly what no
+    map drafts."""
     path = ZOO / name
     vocab = load_model(path, torch.float32).config.vocab_size
     prompts = [[5 + 7 * i + j for j in range(6 + i)] for i in range(3)]
