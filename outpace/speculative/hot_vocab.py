@@ -79,16 +79,14 @@ def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class HotHead(nn.Module):
-    """The rows ``ids`` [H] of a head [vocab, hidden], copied: a head of H columns."""
+    """The rows ``ids`` [H] of a head [vocab, hidden], copied: a head of H columns. A head split across
+    tensor-parallel ranks (layers/embedding.py ``LMHead``, by vocabulary rows) is gathered first, a collective
+    that every rank makes as it builds its drafter: each rank then holds the map's rows whole and reads them from
+    its copy of the (replicated) hidden rows, so no rank waits on another for a draft's logits."""
 
     def __init__(self, head: nn.Module, ids: torch.Tensor) -> None:
         super().__init__()
-        weight = getattr(head, "weight", None)
-        if is_sharded(head):
-            raise ConfigError(
-                f"{FLAG}: the draft's head is split across tensor-parallel ranks, where a hot vocabulary is "
-                "not implemented; run without the map"
-            )
+        weight = head.full_weight() if is_sharded(head) else getattr(head, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             raise ConfigError(
                 f"{FLAG}: the draft's head ({type(head).__name__}) holds no [vocab, hidden] weight to take "

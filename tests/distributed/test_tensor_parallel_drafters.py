@@ -4,7 +4,8 @@ split, conditioned on the target's whole hidden features) and a standalone draft
 the target is) on a DeepSeek-V3 target; DFlash and the standalone draft on a Gemma 3 target, whose embedding is
 whole on every rank. Each gives the target's greedy tokens alone and accepts exactly as many drafts as at one
 rank (small vocabularies, so random drafts are accepted now and then; the target as its own draft has every
-draft accepted).
+draft accepted). MTP and DFlash also through a token map (speculative/hot_vocab.py: the split head gathered, its
+rows of the map whole on every rank).
 
 One group of 2 processes (tests/helpers/tp_harness.py) runs every scenario; the TP = 1 references run in the test
 process.
@@ -12,10 +13,12 @@ process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.deepseek_models import SPEC_PROMPTS, save_v3_with_mtp
 from helpers.gemma_models import make_splittable_gemma
@@ -42,10 +45,16 @@ def scenarios(tmp_path_factory) -> dict[str, tuple[str, SpeculativeConfig]]:
     root = tmp_path_factory.mktemp("drafters")
     deepseek = save_v3_with_mtp(root / "deepseek")[2]  # DeepSeek-V3 with one MTP layer
     gemma = save_hf_model(make_splittable_gemma("gemma3", vocab_size=VOCAB), root / "gemma3")
+    token_map = root / "token_map.pt"
+    torch.save([11, 0, 3, 5, 7, 1, 8, 2, 9], token_map)  # 9 of the 13 tokens
+    with_map = dict(token_map=str(token_map))
+    deepseek_dflash = dflash(deepseek, root / "deepseek-dflash")
     return {
         "deepseek-mtp-1": (str(deepseek), SpeculativeConfig("mtp", num_steps=1)),
         "deepseek-mtp-3": (str(deepseek), SpeculativeConfig("mtp", num_steps=3)),
-        "deepseek-dflash": (str(deepseek), dflash(deepseek, root / "deepseek-dflash")),
+        "deepseek-mtp-3-map": (str(deepseek), SpeculativeConfig("mtp", num_steps=3, **with_map)),
+        "deepseek-dflash": (str(deepseek), deepseek_dflash),
+        "deepseek-dflash-map": (str(deepseek), dataclasses.replace(deepseek_dflash, **with_map)),
         "deepseek-draft": (str(deepseek), SpeculativeConfig("draft", str(deepseek), num_steps=3)),
         "gemma3-dflash": (str(gemma), dflash(gemma, root / "gemma3-dflash")),
         "gemma3-draft": (str(gemma), SpeculativeConfig("draft", str(gemma), num_steps=3)),
@@ -76,7 +85,9 @@ def one_rank(path: str, **engine) -> tuple[list[list[int]], int]:
     [
         "deepseek-mtp-1",
         "deepseek-mtp-3",
+        "deepseek-mtp-3-map",
         "deepseek-dflash",
+        "deepseek-dflash-map",
         "deepseek-draft",
         "gemma3-dflash",
         "gemma3-draft",

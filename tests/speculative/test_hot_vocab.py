@@ -8,7 +8,6 @@ tests/speculative/test_lossless_sampling.py's ``mtp-token-map``.)"""
 import json
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ from outpace import LLM, SamplingParams
 from outpace.cli import parse_args
 from outpace.cli.speculative_args import speculative_config
 from outpace.config import SpeculativeConfig
-from outpace.layers.embedding import LMHead
 from outpace.models.loader import load_model
 from outpace.speculative.hot_vocab import HotHead, Readout, load_token_map
 from outpace.validation import ConfigError
@@ -94,13 +92,6 @@ def test_only_a_drafter_that_reads_the_targets_vocabulary_takes_a_map(tmp_path):
         speculative_config(parse_args([*given, str(wide)]))
     fine = _save(tmp_path / "map.pt", [1, 2, 3])
     assert speculative_config(parse_args([*given, str(fine)])).token_map == str(fine)
-
-
-def test_a_head_split_across_ranks_is_refused():
-    head = LMHead(8, 16)
-    head.group = SimpleNamespace(size=2)
-    with pytest.raises(ConfigError, match="tensor-parallel"):
-        HotHead(head, torch.tensor([1, 2]))
 
 
 @pytest.fixture(scope="module")
