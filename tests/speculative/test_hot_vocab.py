@@ -244,3 +244,23 @@ def test_token_map_writes_the_most_frequent_tokens_of_a_text(tmp_path, capsys):
         _token_map(lines, 6, out)
     with pytest.raises(SystemExit, match="--size 5000 is not in"):
         _token_map(lines, 5000, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method, steps", [("mtp", 3), ("dflash", 7)])
+def test_drafts_through_a_map_in_captured_steps_commit_plain_decodings(tmp_path, method, steps):
+    """On the GPU, the steps captured as CUDA graphs (the head's argmax in one launch, the map's rows whole): the
+    zoo's target through a map of its 1,024 lowest ids with every token plain decoding commits, float32, gives
+    plain decoding's tokens and accepts drafts."""
+    path, prompts = ZOO / "tinypy", [[5 + 7 * i + j for j in range(6 + i)] for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    engine = dict(device="cuda", dtype="float32", seed=0)
+    plain = [o.token_ids for o in LLM(str(path), **engine).generate(prompts, params)]
+    ids = sorted(set(range(1024)) | {t for tokens in plain for t in tokens})
+    draft = str(ZOO / "tinypy-dflash") if method == "dflash" else None
+    spec = SpeculativeConfig(
+        method, draft, num_steps=steps, adaptive=False, token_map=str(_save(tmp_path / "m.pt", ids))
+    )
+    outs = LLM(str(path), speculative=spec, **engine).generate(prompts, params)
+    assert [o.token_ids for o in outs] == plain
+    assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
