@@ -22,21 +22,9 @@ import torch
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.engine.start_up import load_tokenizer
-from outpace.speculative.hot_vocab import most_frequent
+from outpace.speculative.hot_vocab import most_frequent, token_counts
 from outpace.speculative.metrics import SpecMetrics
 from outpace.zoo import zoo_dir
-
-
-def frequencies(tokenizer, documents: list[str], vocab: int) -> torch.Tensor:
-    """[vocab] int64: each token's count in the documents, each tokenized whole (cut at its lines, a code
-    tokenizer's newline-and-indent tokens would go uncounted)."""
-    counts = torch.zeros(vocab, dtype=torch.int64)
-    for text in documents:
-        ids = torch.tensor(
-            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64
-        )
-        counts += torch.bincount(ids, minlength=vocab)[:vocab]
-    return counts
 
 
 def training_documents(most_bytes: int) -> list[str]:
@@ -84,7 +72,7 @@ def main() -> None:
         target = zoo_dir() / name
         tokenizer = load_tokenizer(target)
         vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-        counts = frequencies(tokenizer, documents, vocab)
+        counts = token_counts(tokenizer, documents, vocab)
         plain = None
         for size in [None, *a.sizes]:
             path = None

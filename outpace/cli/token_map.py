@@ -53,7 +53,7 @@ def run(a: argparse.Namespace) -> None:
 
     from outpace.engine.start_up import load_tokenizer
     from outpace.model_config import ModelConfig
-    from outpace.speculative.hot_vocab import most_frequent
+    from outpace.speculative.hot_vocab import most_frequent, token_counts
 
     vocab = ModelConfig.from_pretrained(a.model).vocab_size
     if not 0 < a.size <= vocab:
@@ -61,14 +61,11 @@ def run(a: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(a.model)
     if tokenizer is None:
         sys.exit(f"error: {a.model} has no tokenizer to count tokens with")
-    counts = torch.zeros(vocab, dtype=torch.int64)
-    for name in a.text:
-        path = Path(name)
+    paths = [Path(name) for name in a.text]
+    for path in paths:
         if not path.is_file():
             sys.exit(f"error: --text {path}: no such file")
-        for piece in texts(path):
-            ids = tokenizer(piece, add_special_tokens=False)["input_ids"]
-            counts += torch.bincount(torch.tensor(ids, dtype=torch.int64), minlength=vocab)[:vocab]
+    counts = token_counts(tokenizer, (piece for path in paths for piece in texts(path)), vocab)
     ids = most_frequent(counts, a.size)
     torch.save(ids.tolist(), a.out)
     seen = int((counts > 0).sum())

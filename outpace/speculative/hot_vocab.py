@@ -23,6 +23,7 @@ own vocabulary (``d2t``); here a drafter that reads no head of the target's voca
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -70,6 +71,18 @@ def load_token_map(path: str | Path, vocab_size: int) -> torch.Tensor:
     if torch.unique(ids).numel() != ids.numel():
         raise ConfigError(f"{where}: names some token ids more than once")
     return ids
+
+
+def token_counts(tokenizer, texts: Iterable[str], vocab_size: int) -> torch.Tensor:
+    """[vocab_size] int64: each token's count in the texts, each tokenized whole (cut at its line breaks, a code
+    tokenizer's newline-and-indent tokens would go uncounted)."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for text in texts:
+        ids = torch.tensor(
+            tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.int64
+        )
+        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
+    return counts
 
 
 def most_frequent(counts: torch.Tensor, size: int) -> torch.Tensor:
