@@ -6,8 +6,8 @@ percent with one-off costs (a slow first prefill, a dropped step run ahead): sin
 closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
 also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen, its
 kind: held, flush, draft or probe) and prints, per batch and temperature, where a method's steps spent more
-time than plain decoding's, and its steps by kind (``--profile-first``: each row's first step also under
-torch.profiler, its table printed).
+time than plain decoding's, and its steps by kind (``--profile-steps N``: each row's first N steps of its last
+round also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU).
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
@@ -55,18 +55,18 @@ def engines(
 class StepLog:
     """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None, the
     chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None, its kind or None];
-    ``profile_first``: the first step of each run logged also under torch.profiler (``tables``). The kinds
+    ``profile_steps``: the first steps of each run logged also under torch.profiler (``tables``). The kinds
     of an adaptive drafter's steps: ``held`` (zero drafts, the drafter's forward held back), ``flush`` (zero
     drafts, its forward run over the rows held: engine/step_key.py ``HoldRule``), ``draft`` (a shape the
     chooser judged best, or one whose cost it had yet to measure), ``probe`` (a shape drafted to keep its
     acceptance measured: speculative/adaptive.py); None for plain decoding's engine and for steps without
     decoding rows."""
 
-    def __init__(self, llm: LLM, profile_first: bool = False) -> None:
+    def __init__(self, llm: LLM, profile_steps: int = 0) -> None:
         self.on, self.steps, self._shape, self._believed = False, [], None, None
         self._kind: str | None = None
         self._probe = False
-        self.profile_first, self.tables = profile_first, []
+        self.profile_steps, self.tables = profile_steps, []
         engine = llm.engine
         real_step = engine.step
 
@@ -75,16 +75,16 @@ class StepLog:
                 return real_step()
             self._shape = self._believed = self._kind = None
             rows = sum(map(is_decoding, engine.scheduler.running))
-            profiled = self.profile_first and not self.steps
+            profiled = len(self.steps) < self.profile_steps
             with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
                 t = time.perf_counter()
                 outputs = real_step()
                 wall = time.perf_counter() - t
             self.steps.append([round(1e3 * wall, 3), rows, self._shape, self._believed, self._kind])
             if profiled:
-                self.tables.append(
-                    prof.key_averages().table(sort_by="cpu_time_total", row_limit=25)
-                )
+                on_gpu = torch.cuda.is_available()
+                by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
+                self.tables.append(prof.key_averages().table(sort_by=by, row_limit=25))
             return outputs
 
         engine.step = step
@@ -153,14 +153,14 @@ def measure(
     rounds: int,
     max_tokens: int,
     logs: dict[tuple, list] | None = None,
-    profile_first: bool = False,
+    profile_steps: int = 0,
 ) -> list[dict]:
     """Per (method, batch, temperature): every round's closed-batch seconds and steady tokens/s, and their
     medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method.
-    ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_first``: their
+    ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_steps``: their
     first steps under torch.profiler too, whose tables are printed."""
     watches = (
-        {name: StepLog(llm, profile_first) for name, llm in llms.items()}
+        {name: StepLog(llm, profile_steps) for name, llm in llms.items()}
         if logs is not None
         else {}
     )
@@ -189,9 +189,9 @@ def measure(
             outs, seconds, steady = _run(llms[name], prompts, b, params[t], b)
             if watch is not None and watch.on:
                 logs[name, b, t], watch.on = watch.steps, False
-                for table in watch.tables:
+                for i, table in enumerate(watch.tables):
                     print(
-                        f"{name}, batch {b}, temperature {t}: the first step under torch.profiler\n{table}"
+                        f"{name}, batch {b}, temperature {t}: step {i} under torch.profiler\n{table}"
                     )
                 watch.tables.clear()
             row["seconds"].append(seconds)
@@ -220,14 +220,15 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--steps", default=None, help="write each row's last-round steps here (JSON)")
     p.add_argument(
-        "--profile-first",
-        action="store_true",
-        help="with --steps: their first steps under torch.profiler",
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="with --steps: their first N steps under torch.profiler",
     )
     a = p.parse_args()
     llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches), a.family)
     logs = {} if a.steps else None
-    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_first)
+    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_steps)
     print(
         f"{'method':<8} {'batch':>5} {'temp':>4} {'closed':>7} {'steady':>7}  closed seconds by round"
     )
