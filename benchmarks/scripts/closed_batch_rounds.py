@@ -6,8 +6,8 @@ percent with one-off costs (a slow first prefill, a dropped step run ahead): sin
 closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
 also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen, its
 kind: held, flush, draft or probe) and prints, per batch and temperature, where a method's steps spent more
-time than plain decoding's, and its steps by kind (``--profile-steps N``: each row's first N steps of its last
-round also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU).
+time than plain decoding's, and its steps by kind (``--profile-steps I...``: those steps of each row's last round
+also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU).
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
@@ -20,6 +20,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -55,14 +56,14 @@ def engines(
 class StepLog:
     """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None, the
     chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None, its kind or None];
-    ``profile_steps``: the first steps of each run logged also under torch.profiler (``tables``). The kinds
+    ``profile_steps``: the indices of a run's steps logged also under torch.profiler (``tables``). The kinds
     of an adaptive drafter's steps: ``held`` (zero drafts, the drafter's forward held back), ``flush`` (zero
     drafts, its forward run over the rows held: engine/step_key.py ``HoldRule``), ``draft`` (a shape the
     chooser judged best, or one whose cost it had yet to measure), ``probe`` (a shape drafted to keep its
     acceptance measured: speculative/adaptive.py); None for plain decoding's engine and for steps without
     decoding rows."""
 
-    def __init__(self, llm: LLM, profile_steps: int = 0) -> None:
+    def __init__(self, llm: LLM, profile_steps: Sequence[int] = ()) -> None:
         self.on, self.steps, self._shape, self._believed = False, [], None, None
         self._kind: str | None = None
         self._probe = False
@@ -75,7 +76,7 @@ class StepLog:
                 return real_step()
             self._shape = self._believed = self._kind = None
             rows = sum(map(is_decoding, engine.scheduler.running))
-            profiled = len(self.steps) < self.profile_steps
+            profiled = len(self.steps) in self.profile_steps
             with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
                 t = time.perf_counter()
                 outputs = real_step()
@@ -84,7 +85,8 @@ class StepLog:
             if profiled:
                 on_gpu = torch.cuda.is_available()
                 by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-                self.tables.append(prof.key_averages().table(sort_by=by, row_limit=25))
+                table = prof.key_averages().table(sort_by=by, row_limit=25)
+                self.tables.append((len(self.steps) - 1, table))
             return outputs
 
         engine.step = step
@@ -153,12 +155,12 @@ def measure(
     rounds: int,
     max_tokens: int,
     logs: dict[tuple, list] | None = None,
-    profile_steps: int = 0,
+    profile_steps: Sequence[int] = (),
 ) -> list[dict]:
     """Per (method, batch, temperature): every round's closed-batch seconds and steady tokens/s, and their
     medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method.
-    ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_steps``: their
-    first steps under torch.profiler too, whose tables are printed."""
+    ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_steps``: those
+    steps of theirs under torch.profiler too, whose tables are printed."""
     watches = (
         {name: StepLog(llm, profile_steps) for name, llm in llms.items()}
         if logs is not None
@@ -189,7 +191,7 @@ def measure(
             outs, seconds, steady = _run(llms[name], prompts, b, params[t], b)
             if watch is not None and watch.on:
                 logs[name, b, t], watch.on = watch.steps, False
-                for i, table in enumerate(watch.tables):
+                for i, table in watch.tables:
                     print(
                         f"{name}, batch {b}, temperature {t}: step {i} under torch.profiler\n{table}"
                     )
@@ -222,8 +224,9 @@ def main() -> None:
     p.add_argument(
         "--profile-steps",
         type=int,
-        default=0,
-        help="with --steps: their first N steps under torch.profiler",
+        nargs="+",
+        default=(),
+        help="with --steps: these steps (indices) under torch.profiler",
     )
     a = p.parse_args()
     llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches), a.family)
