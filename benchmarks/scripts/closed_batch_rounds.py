@@ -1,7 +1,8 @@
 """Drafters against plain decoding in closed batches, repeated: ``bench e2e``'s rows (the widened zoo, bf16 on the
 GPU; ``--tiny``: its small test widening, float32 on a CPU), each one closed batch of b prompts of
 ``--max-tokens``, timed ``--rounds`` times, the methods' engines built once and their rounds interleaved, and
-the median of each row's closed-batch seconds and steady rate reported. One closed batch moves by several
+the median of each row's closed-batch seconds and steady rate reported, and of its rounds' ratios to plain
+decoding's rounds of the same index (``paired``). One closed batch moves by several
 percent with one-off costs (a slow first prefill, a dropped step run ahead): single runs could not tell two
 closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
 also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen, its
@@ -205,6 +206,11 @@ def measure(
     for (_, b, t), row in rows.items():
         plain = rows["none", b, t]
         row["closed_speedup"] = plain["seconds_median"] / row["seconds_median"]
+        # round k's plain decoding against round k's method (run one after the other): what drifts over the rounds
+        # moves both
+        row["closed_paired"] = statistics.median(
+            p / m for p, m in zip(plain["seconds"], row["seconds"])
+        )
         row["steady_speedup"] = row["steady_median"] / plain["steady_median"]
     return list(rows.values())
 
@@ -233,12 +239,13 @@ def main() -> None:
     logs = {} if a.steps else None
     rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_steps)
     print(
-        f"{'method':<8} {'batch':>5} {'temp':>4} {'closed':>7} {'steady':>7}  closed seconds by round"
+        f"{'method':<8} {'batch':>5} {'temp':>4} {'closed':>7} {'paired':>7} {'steady':>7}  closed seconds by round"
     )
     for r in rows:
         spread = " ".join(f"{s:.4f}" for s in r["seconds"])
         print(
             f"{r['method']:<8} {r['batch']:>5} {r['temperature']:>4} {r['closed_speedup']:>6.3f}x "
+            f"{r['closed_paired']:>6.3f}x "
             f"{r['steady_speedup']:>6.3f}x  {spread}"
         )
     if a.out:
