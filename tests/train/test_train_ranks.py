@@ -16,10 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.rank_zero_apart import train_on_ranks_apart
 from outpace.cli import main as cli_main
 from outpace.config import SpeculativeConfig
 from outpace.distributed.group import RankGroup
-from outpace.train.ranks import RankFailed, TrainRanks, train_on_ranks
+from outpace.train.ranks import RankFailed, TrainRanks
 from outpace.train.recipes.dflash import DFlashRecipe, train_dflash
 from outpace.train.recipes.eagle3 import Eagle3Recipe, train_eagle3
 from outpace.train.recipes.mtp import MTPRecipe, train_mtp
@@ -71,7 +72,7 @@ def trained(targets, tmp_path_factory):
             out = tmp_path_factory.mktemp(f"{method}_{ranks}_ranks")
             done[method, ranks] = (
                 out,
-                train_on_ranks(TRAIN[method], ranks, "cpu", target_dir, recipe, out, "cpu"),
+                train_on_ranks_apart(TRAIN[method], ranks, "cpu", target_dir, recipe, out, "cpu"),
             )
         return done[method, ranks]
 
@@ -165,10 +166,10 @@ def test_a_stopped_two_rank_run_resumes_to_the_same_draft(trained, targets, tmp_
     with pytest.raises(
         (RuntimeError, RankFailed), match="stopped by the test|training ranks failed"
     ):
-        train_on_ranks(stopping_train, 2, "cpu", method, target_dir, recipe, tmp_path, "cpu")
+        train_on_ranks_apart(stopping_train, 2, "cpu", method, target_dir, recipe, tmp_path, "cpu")
     state = torch.load(tmp_path / "resume" / "state.pt", weights_only=False)
     assert state["step"] == 10 and state["ranks"] == 2  # one file, written by rank 0
-    metrics = train_on_ranks(TRAIN[method], 2, "cpu", target_dir, recipe, tmp_path, "cpu")
+    metrics = train_on_ranks_apart(TRAIN[method], 2, "cpu", target_dir, recipe, tmp_path, "cpu")
     uninterrupted_history = uninterrupted_metrics["history"]
     assert metrics["history"]["steps"] == uninterrupted_history["steps"]
     assert metrics["history"]["losses"] == pytest.approx(uninterrupted_history["losses"], rel=1e-5)
@@ -218,7 +219,7 @@ def test_a_failure_on_rank_0_stops_every_rank_with_its_reason(targets, tmp_path)
     target_dir, recipe = targets["eagle3"]
     missing = str(tmp_path / "no_such_prompts.jsonl")
     with pytest.raises((FileNotFoundError, ValueError), match="no_such_prompts"):
-        train_on_ranks(
+        train_on_ranks_apart(
             train_eagle3,
             2,
             "cpu",
