@@ -10,5 +10,4 @@ timeout 200 python3 benchmarks/scripts/batch_invariant_speed.py --shapes kimi-k2
 echo "rc=$? after ${SECONDS}s" >> $OUT/kimi_invariant.log
 sed -i -E 's/\r/\n/g' $OUT/kimi_invariant.log
 grep -vE '(it/s|s/it|tensor/s)\]$' $OUT/kimi_invariant.log | tail -12
-sed -i "s/timeout 470/timeout $(( 550 - SECONDS ))/" benchmarks/results/gpu_2026-12-06f/profile.sh
-bash benchmarks/results/gpu_2026-12-06f/profile.sh
+LIMIT=$(( 550 - SECONDS )) bash benchmarks/results/gpu_2026-12-06f/profile.sh
