@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Qwen3.5's widened EAGLE3 tree against plain decoding in one closed batch of 32 at temperature 0.8 (64 tokens),
 # its steps 0, 1, 2 (the prompts' prefill, the first drafting ones), 10 and 45 (drafting, held) under torch.profiler:
-# where the tree's 31 ms more over the prompts' prefill go, and its steps' host time (gpu_2026-12-06e call 6). LIMIT: its seconds (470).
+# where the tree's 31 ms more over the prompts' prefill go, and its steps' host time (gpu_2026-12-06e call 6).
+# LIMIT: the run's seconds (470).
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
