@@ -92,7 +92,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from functools import cache
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import mul
 
 from outpace.speculative.proposer import DraftShape
@@ -153,26 +153,34 @@ class _DepthAcceptance:
 
 class _ReachRows:
     """One batch's reaches for the shapes of one kind (``DraftLengthChooser._reach_rows``), from each request's
-    rates per depth (batch-wide: one row)."""
+    rates per depth (batch-wide: one row). Where every request has the same rates (``alike``) one row stands for
+    them all: the per-request lists below then hold that one row (a closed batch of 32 pooled requests asks for
+    them at every step, for every shape)."""
 
     def __init__(self, rates: list[list[float]]) -> None:
+        n = len(rates)
+        self.alike = all(
+            r == rates[0] for r in rates
+        )  # one rate for every request (pooled, or all new)
+        distinct = rates[:1] if self.alike else rates
         # per request, a_1, a_1 a_2, ... over the depths, and their running sums
-        self.reaches = [list(accumulate(r, mul)) for r in rates]
+        self.reaches = [list(accumulate(r, mul)) for r in distinct]
         self.sums = [list(accumulate(r)) for r in self.reaches]
         # and the running sums of (2j - 1) a_1 ... a_j: E[A^2] of the drafts A a verify accepts to depth j
         self.squares = [
             list(accumulate(map(mul, r, range(1, 2 * len(r), 2)))) for r in self.reaches
         ]
-        self.alike = all(
-            r == rates[0] for r in rates
-        )  # one rate for every request (pooled, or all new)
-        # per depth j, the mean over the requests of a_1 ... a_j
-        self.mean = [sum(reach / len(self.reaches) for reach in d) for d in zip(*self.reaches)]
+        # per depth j, the mean over the requests of a_1 ... a_j (alike: the same n terms added in the same order)
+        if self.alike:
+            self.mean = [sum(repeat(reach / n, n)) for reach in self.reaches[0]]
+        else:
+            self.mean = [sum(reach / n for reach in d) for d in zip(*self.reaches)]
         self._per_verify: dict[int, list[float]] = {}
         self._variances: dict[int, list[float]] = {}
 
     def tokens_per_verify(self, num_steps: int) -> list[float]:
-        """Per request, the tokens a verify of a chain of ``num_steps`` commits: 1 + its reaches' sum to that depth."""
+        """Per request (alike: one for all), the tokens a verify of a chain of ``num_steps`` commits: 1 + its
+        reaches' sum to that depth."""
         tokens = self._per_verify.get(num_steps)
         if tokens is None:
             depth = num_steps - 1
@@ -182,8 +190,9 @@ class _ReachRows:
         return tokens
 
     def variance_per_verify(self, num_steps: int) -> list[float]:
-        """Per request, the variance of the drafts A a verify of ``num_steps`` accepts: P(A >= j) is the reach
-        a_1 ... a_j, so E[A] is the reaches' sum and E[A^2] the sum of (2j - 1) times each, to that depth."""
+        """Per request (alike: one for all), the variance of the drafts A a verify of ``num_steps`` accepts: P(A >=
+        j) is the reach a_1 ... a_j, so E[A] is the reaches' sum and E[A^2] the sum of (2j - 1) times each, to that
+        depth."""
         variances = self._variances.get(num_steps)
         if variances is None:
             depth = num_steps - 1

@@ -12,6 +12,7 @@ from outpace.config import SpeculativeConfig
 from outpace.registry import PROPOSERS
 from outpace.speculative.adaptive import (
     DraftLengthChooser,
+    _ReachRows,
     expected_largest,
     max_of_normals,
     mean_steps,
@@ -283,6 +284,22 @@ def test_requests_whose_rates_differ_by_chance_share_the_batch_s_rate():
     assert shared.choose(32, ids, remaining=[100] * 32) == DraftShape(2)
     split = chooser_after(lambda i: 2 * (i % 2))
     assert split.choose(32, ids, remaining=[100] * 32) == DraftShape(0)
+
+
+def test_requests_of_one_rate_are_one_row_of_reaches():
+    """A batch whose requests share their rates keeps one row of reaches for them all (_ReachRows: a closed batch
+    of 32 asks for them at every step), with a one-request batch's figures and the batch's mean; requests whose
+    rates differ keep a row each."""
+    rates = [0.8, 0.7, 0.6, 0.5]
+    alike, lone = _ReachRows([rates] * 32), _ReachRows([rates])
+    assert alike.alike and len(alike.reaches) == 1
+    for k in range(1, 5):
+        assert alike.tokens_per_verify(k) == lone.tokens_per_verify(k)
+        assert alike.variance_per_verify(k) == lone.variance_per_verify(k)
+    assert alike.mean == pytest.approx(lone.mean, rel=1e-12)
+    differ = _ReachRows([rates, [0.4, 0.3, 0.2, 0.1]])
+    assert not differ.alike and len(differ.tokens_per_verify(2)) == 2
+    assert differ.mean[0] == pytest.approx((0.8 + 0.4) / 2)
 
 
 def test_a_lone_request_unlucky_in_its_first_verifies_keeps_the_batch_wide_rate():
