@@ -159,11 +159,10 @@ class _ReachRows:
 
     def __init__(self, rates: list[list[float]]) -> None:
         n = len(rates)
-        self.alike = all(
-            r == rates[0] for r in rates
-        )  # one rate for every request (pooled, or all new)
+        # one rate for every request (pooled, or all new)
+        self.alike = all(r == rates[0] for r in rates)
         distinct = rates[:1] if self.alike else rates
-        # per request, a_1, a_1 a_2, ... over the depths, and their running sums
+        # per request (alike: the one row), a_1, a_1 a_2, ... over the depths, and their running sums
         self.reaches = [list(accumulate(r, mul)) for r in distinct]
         self.sums = [list(accumulate(r)) for r in self.reaches]
         # and the running sums of (2j - 1) a_1 ... a_j: E[A^2] of the drafts A a verify accepts to depth j
