@@ -1,9 +1,9 @@
 """``train_on_ranks`` with its rank 0 in a spawned process of its own rather than in the pytest worker.
 
-In the worker, rank 0 shares the worker's process: once in CI (2026-12-06) an abort in gloo's C++ during a
-two-rank run's all_reduce ("Fatal Python error: Aborted", test_train_ranks.py's standalone draft) killed the
-worker, its stderr (captured by pytest) went with it, and xdist then hung the whole run at 97% until the job's
-time ran out. Apart, such an abort fails the one test, with the process's exit status and its stderr."""
+In the worker, rank 0 shares the worker's process: once in CI (2026-12-06) the process aborted while rank 0 was
+in gloo's all_reduce ("Fatal Python error: Aborted", test_train_ranks.py's standalone draft; the cause unknown),
+the worker died, its stderr (captured by pytest) with it, and xdist then hung the whole run at 97%. Apart, such an
+abort fails the one test, with the process's exit status and its stderr."""
 
 from __future__ import annotations
 
