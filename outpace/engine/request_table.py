@@ -238,11 +238,21 @@ class RequestTable:
 
     def release(self, request_id: str) -> None:
         """The request ended or was preempted: its row is free again (its table row reset on reuse)."""
-        s = self._index_of.pop(request_id, None)
+        s = self.retire(request_id)
         if s is not None:
-            self._unloaded.discard(s)
-            self._free.append(s)
-            self._reset_table(s)
+            self.free_row(s)
+
+    def retire(self, request_id: str) -> int | None:
+        """The request ended or was preempted while a step in flight may still read its row: it no longer holds
+        the row, which no request is given until ``free_row`` (``ModelRunner.release``). Returns the row (None:
+        it held none)."""
+        return self._index_of.pop(request_id, None)
+
+    def free_row(self, s: int) -> None:
+        """A retired row, no longer read by any step in flight: free for the next request."""
+        self._unloaded.discard(s)
+        self._free.append(s)
+        self._reset_table(s)
 
     def start_decoding(
         self, indices: list[int], lengths: list[int], last_tokens: torch.Tensor

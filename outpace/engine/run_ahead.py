@@ -252,9 +252,9 @@ class RunAhead:
 def goes_on(request: Request) -> bool:
     """Whether a request of the step now running may go on past it: it does not surely end by length with it
     (the step commits at least one token a request). One that surely ends stays out of the step run ahead
-    (``ModelRunner._decode``): its row there would be wasted, and its release would wait for that step
-    (``ModelRunner.release``: the step reads its block table), costing the host time that running ahead hides.
-    Where speculation staggers a closed batch's ends, stopping the others' step run ahead for it cost each of
+    (``ModelRunner._decode``): its row there would be wasted, and (until 2026-12-06, when a release began to
+    retire the row instead, ``ModelRunner.release``) its release waited for that step, costing the host time that
+    running ahead hides. Where speculation staggers a closed batch's ends, stopping the others' step run ahead for it cost each of
     the last steps that time (n-gram at temperature 0.8, a closed batch of 8 on the H200: its last three steps
     4.9 to 5.4 ms against plain decoding's 4.2, benchmarks/results/gpu_2026-12-01f call 1; with it out,
     4.2, 4.6 and 3.9 ms, and the closed batch 0.989x -> 0.994x of plain decoding, call 2); running ahead for it

@@ -65,18 +65,23 @@ def _run(runner: ModelRunner, scheduler: Scheduler, requests: list[Request]) -> 
     for r in requests:
         scheduler.add(r)
     while scheduler.has_unfinished:
-        batch = scheduler.schedule()
-        results = runner.execute(batch)
-        at = 0
-        for s, n, committed in zip(batch, results.num_new_tokens, results.num_committed):
-            req = s.request
-            req.num_computed_tokens += committed
-            req.token_ids += results.new_token_ids[at : at + n]
-            at += n
-            if req.num_output_tokens >= req.params.max_tokens:
-                del req.token_ids[len(req.prompt_token_ids) + req.params.max_tokens :]
-                scheduler.finish(req, "length")
+        _step(runner, scheduler)
     return [r.output_token_ids for r in requests]
+
+
+def _step(runner: ModelRunner, scheduler: Scheduler) -> None:
+    """One step, committed as the engine commits it (a request at its max_tokens finishes)."""
+    batch = scheduler.schedule()
+    results = runner.execute(batch)
+    at = 0
+    for s, n, committed in zip(batch, results.num_new_tokens, results.num_committed):
+        req = s.request
+        req.num_computed_tokens += committed
+        req.token_ids += results.new_token_ids[at : at + n]
+        at += n
+        if req.num_output_tokens >= req.params.max_tokens:
+            del req.token_ids[len(req.prompt_token_ids) + req.params.max_tokens :]
+            scheduler.finish(req, "length")
 
 
 def _requests(lengths: list[int]) -> list[Request]:
@@ -153,6 +158,40 @@ def test_dropping_the_step_run_ahead_restores_the_state_the_host_holds():
     assert [r.output_token_ids for r in requests] == [
         [(r.prompt_token_ids[-1] + 1 + k) % VOCAB for k in range(10)] for r in requests
     ]
+
+
+def test_a_request_ended_under_a_step_run_ahead_for_it_retires_its_row_without_waiting(monkeypatch):
+    """A request that ends while the step run ahead for it is in flight (aborted here; in a closed batch with
+    speculation, one that reached its length) does not wait for that step: its row is held by no one and given
+    to no one until that step has been read, then free. A new request admitted meanwhile takes another row,
+    and every token stays exact."""
+    from outpace.engine.launch import HostCopy
+
+    runner, scheduler, _ = _build(max_seqs=3, run_ahead=True)
+    first, second = _requests([10, 10])
+    for r in (first, second):
+        scheduler.add(r)
+    while runner.run_ahead.launch is None:
+        _step(runner, scheduler)
+    table = runner.req_table
+    row, free_before = table.index_of(first.request_id), table.num_free
+    assert runner.run_ahead.ran_for([first.request_id])
+    waits = []
+    with monkeypatch.context() as m:
+        m.setattr(HostCopy, "wait", lambda self: waits.append(self))
+        scheduler.finish(first, "abort")
+    assert not waits  # the host goes on while the step runs
+    assert first.request_id not in table.held_by and table.num_free == free_before
+    late = Request("late", [1, 2, 3], SamplingParams(temperature=0, max_tokens=6), seed=9)
+    scheduler.add(late)
+    _step(runner, scheduler)  # the late request's prefill, the step run ahead read
+    assert table.index_of("late") != row
+    _run(runner, scheduler, [])
+    for r in (second, late):
+        assert r.output_token_ids == [
+            (r.prompt_token_ids[-1] + 1 + k) % VOCAB for k in range(r.params.max_tokens)
+        ]
+    assert not table.held_by and table.num_free == 3
 
 
 def test_the_batch_rows_are_written_again_only_when_they_or_the_buffer_changed():
