@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from outpace.detokenizer import DetokenizerState
+from outpace.host_copies import to_device
 from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
 
@@ -210,6 +211,10 @@ def request_keys(requests: list[Request], positions, purpose: int, device) -> to
     prefill and one decided in a decode step draw from the same key."""
     from outpace.layers.sampler import random_keys
 
-    seeds = torch.tensor([r.seed for r in requests], dtype=torch.int64, device=device)
-    positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
+    seeds = to_device([r.seed for r in requests], device)
+    positions = (
+        positions.to(device, torch.int64)
+        if isinstance(positions, torch.Tensor)
+        else to_device(positions, device)
+    )
     return random_keys(seeds, positions * DRAWS + purpose)

@@ -84,8 +84,3 @@ class CapturedCall:
             return self.fn()
         self.graph.replay()
         return self.outputs
-
-
-def pinned(values: list[int], device: torch.device) -> torch.Tensor:
-    """A host int64 tensor, page-locked when it is bound for a CUDA device (asynchronous copies)."""
-    return torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")

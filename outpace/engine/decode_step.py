@@ -35,9 +35,10 @@ from torch import nn
 
 from outpace.cache.kv_cache import CacheRows
 from outpace.cache.recurrent_states import RecurrentStates
-from outpace.engine.cuda_graphs import CapturedCall, pinned
+from outpace.engine.cuda_graphs import CapturedCall
 from outpace.engine.request_table import RequestTable
 from outpace.engine.step_key import StepKey
+from outpace.host_copies import pinned
 from outpace.layers.logits_processing import (
     TokenLogprobs,
     apply_token_bitmask,

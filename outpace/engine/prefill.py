@@ -10,6 +10,8 @@ allows).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -21,6 +23,7 @@ from outpace.engine.request_table import RequestTable
 from outpace.engine.scheduler import ScheduledRequest
 from outpace.engine.step_key import LogitsFeatures
 from outpace.engine.step_results import StepResults
+from outpace.host_copies import to_device
 from outpace.layers.logits_processing import apply_token_bitmask, token_logprobs
 from outpace.layers.sampler import SamplingTensors, is_greedy, sample
 from outpace.request import SAMPLE, Request, position_logprobs, request_keys
@@ -57,14 +60,15 @@ class PrefillStep:
         decodes = [s.decodes_next for s in batch]  # the request's decode state starts
         done = [i for i, f in enumerate(final) if f]
         with torch.inference_mode():
-            input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)  # [sum(counts)]
+            input_ids = to_device(ids, self.device)  # [sum(counts)]
             key, out = self._forward(reqs, req_indices, starts, counts, tables, input_ids)
             if any(r.prompt_logprobs is not None for r in reqs):
                 self._record_prompt_logprobs(reqs, starts, counts, out.hidden_states)
             sampled = torch.empty(0, dtype=torch.int64, device=self.device)  # [len(done)]
             first_logprobs = None
             if done:
-                last_rows = (torch.tensor(counts).cumsum(0) - 1)[done].to(self.device)
+                ends = list(itertools.accumulate(counts))
+                last_rows = to_device([ends[i] - 1 for i in done], self.device)
                 sampled, first_logprobs = self._sample_first(
                     [reqs[i] for i in done],
                     [req_indices[i] for i in done],
@@ -161,9 +165,7 @@ class PrefillStep:
         request the one it has) written into the request table."""
         rows = [i for i, d in enumerate(decodes) if d]
         last = [
-            sampled_at[i]
-            if i in sampled_at
-            else torch.tensor(reqs[i].token_ids[-1], device=self.device)
+            sampled_at[i] if i in sampled_at else to_device([reqs[i].token_ids[-1]], self.device)[0]
             for i in rows
         ]
         self.req_table.start_decoding(
@@ -187,7 +189,7 @@ class PrefillStep:
             for r in reqs:
                 if r.params.penalized:
                     self.req_table.load_history(r, r.num_tokens)
-            rows = torch.tensor(req_indices, device=self.device)
+            rows = to_device(req_indices, self.device)
             logits = self.req_table.penalties(rows).apply(logits[:, None, :])[:, 0]
         if features.grammar:
             no_drafts = torch.zeros(len(reqs), 1, dtype=torch.int64)
@@ -251,8 +253,8 @@ def _tokens_after(
             tails.append(len(tokens) - 1)
         further = r.token_ids[a + c + 1 : a + c + 1 + reach]
         ahead += further + [0] * (reach - len(further))
-    both = torch.tensor(tokens + ahead, dtype=torch.int64, device=sampled.device)
-    next_ids, ahead_ids = both[: len(tokens)], both[len(tokens) :].view(len(reqs), reach)
+    both = to_device(tokens + ahead + tails, sampled.device)
+    next_ids, ahead_ids = both[: len(tokens)], both[len(tokens) : len(tokens) + len(ahead)]
     if tails:
-        next_ids[torch.tensor(tails, device=sampled.device)] = sampled
-    return next_ids, ahead_ids
+        next_ids[both[len(tokens) + len(ahead) :]] = sampled
+    return next_ids, ahead_ids.view(len(reqs), reach)

@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 
 from outpace.cache.block_pool import BlockPool
+from outpace.host_copies import to_device
 from outpace.layers.logits_processing import Penalties
 from outpace.layers.sampler import SamplingTensors
 from outpace.request import Request
@@ -166,7 +167,7 @@ class RequestTable:
     def _load_params(self, reqs: list[Request], indices: list[int]) -> None:
         """Write the requests' seeds and sampling parameters into their new indices, with one write per buffer."""
         params = [r.params for r in reqs]
-        index = torch.tensor(indices, device=self.device)
+        index = to_device(indices, self.device)
         rows = SamplingTensors.from_params(params, "cpu")
         for buffer, values in (
             (self.temperature, rows.temperature),
@@ -174,17 +175,12 @@ class RequestTable:
             (self.top_p, rows.top_p),
             (self.min_p, rows.min_p),
             (self.seeded, rows.seeded),
-            (self.seeds, torch.tensor([r.seed for r in reqs], dtype=torch.int64)),
+            (self.seeds, [r.seed for r in reqs]),
+            (self.repetition_penalty, [p.repetition_penalty for p in params]),
+            (self.frequency_penalty, [p.frequency_penalty for p in params]),
+            (self.presence_penalty, [p.presence_penalty for p in params]),
         ):
-            buffer[index] = values.to(self.device)
-        for buffer, name in (
-            (self.repetition_penalty, "repetition_penalty"),
-            (self.frequency_penalty, "frequency_penalty"),
-            (self.presence_penalty, "presence_penalty"),
-        ):
-            buffer[index] = torch.tensor(
-                [getattr(p, name) for p in params], dtype=torch.float32
-            ).to(self.device)
+            buffer[index] = to_device(values, self.device, buffer.dtype)
         for s, p in zip(indices, params):
             if p.penalized:
                 self._allocate_penalty_rows()
@@ -193,10 +189,10 @@ class RequestTable:
                 self.logit_bias[s].zero_()
                 self._biased.discard(s)
             if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), dtype=torch.int64)
-                self.logit_bias[s, ids.to(self.device)] = torch.tensor(
-                    list(p.logit_bias.values())
-                ).to(self.device)
+                ids = to_device(list(p.logit_bias), self.device)
+                self.logit_bias[s, ids] = to_device(
+                    list(p.logit_bias.values()), self.device, torch.float32
+                )
                 self._biased.add(s)
 
     def _allocate_penalty_rows(self) -> None:
@@ -215,14 +211,14 @@ class RequestTable:
             return
         self._unloaded.discard(s)
         prompt = torch.tensor(req.prompt_token_ids, dtype=torch.int64)
-        self.prompt_mask[s] = (
-            torch.zeros(self.vocab_size, dtype=torch.bool)
-            .index_fill_(0, prompt, True)
-            .to(self.device)
+        self.prompt_mask[s] = to_device(
+            torch.zeros(self.vocab_size, dtype=torch.bool).index_fill_(0, prompt, True),
+            self.device,
+            torch.bool,
         )
         before = torch.tensor(req.token_ids[req.num_prompt_tokens : length], dtype=torch.int64)
-        self.output_counts[s] = (
-            torch.bincount(before, minlength=self.vocab_size).to(torch.int32).to(self.device)
+        self.output_counts[s] = to_device(
+            torch.bincount(before, minlength=self.vocab_size), self.device, torch.int32
         )
 
     def penalties(self, indices: torch.Tensor) -> Penalties:
@@ -259,8 +255,8 @@ class RequestTable:
     ) -> None:
         """Prefills completed: row indices[i] has lengths[i] KV rows and its last token (just sampled,
         not in the KV) is last_tokens[i] ([n] on the device)."""
-        index = torch.tensor(indices, device=self.device)
-        self.lengths[index] = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+        index = to_device(indices, self.device)
+        self.lengths[index] = to_device(lengths, self.device)
         self.last_tokens[index] = last_tokens
 
     def sync_tables(self, request_ids: Sequence[str]) -> None:

@@ -47,6 +47,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from outpace.host_copies import to_device
 from outpace.layers.argmax import argmax_last
 
 # Temperatures below this are treated as greedy (argmax), as in vLLM.
@@ -131,12 +132,12 @@ class SamplingTensors:
         sampled = [i for i, g in enumerate(greedy) if not g]
         seeded = [is_seeded(params) for params in params_list]
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_ks, dtype=torch.int64, device=device),
-            top_p=torch.tensor(top_ps, dtype=torch.float32, device=device),
-            min_p=torch.tensor(min_ps, dtype=torch.float32, device=device),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-            seeded=torch.tensor(seeded, dtype=torch.bool, device=device),
+            temperature=to_device(temps, device, torch.float32),
+            top_k=to_device(top_ks, device),
+            top_p=to_device(top_ps, device, torch.float32),
+            min_p=to_device(min_ps, device, torch.float32),
+            greedy=to_device(greedy, device, torch.bool),
+            seeded=to_device(seeded, device, torch.bool),
             all_greedy=len(sampled) == 0,
             need_top_k=any(top_ks[i] > 0 for i in sampled),
             need_top_p=any(top_ps[i] < 1.0 for i in sampled),

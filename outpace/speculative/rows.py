@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from outpace.attention import build_paged_metadata, forward_context
+from outpace.host_copies import to_device
 from outpace.speculative.proposer import PrefillRows
 
 
@@ -34,10 +35,12 @@ def prefill_extension(
     offsets = torch.tensor([0] + prefill.counts).cumsum(0).tolist()
     counts = [prefill.counts[i] - keep[i] for i in take]
     starts = [prefill.starts[i] for i in take]
-    rows = torch.cat([torch.arange(offsets[i], offsets[i] + c) for i, c in zip(take, counts)]).to(
-        device
+    rows = to_device(
+        torch.cat([torch.arange(offsets[i], offsets[i] + c) for i, c in zip(take, counts)]), device
     )
-    positions = torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]).to(device)
+    positions = to_device(
+        torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]), device
+    )
     meta = build_paged_metadata(
         [prefill.tables[i] for i in take], starts, counts, block_size, device
     )

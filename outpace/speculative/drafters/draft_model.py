@@ -13,6 +13,7 @@ at the last committed row instead of the last correct draft.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.cache.recurrent_states import RecurrentStates
 from outpace.config import SpeculativeConfig
+from outpace.host_copies import to_device
 from outpace.layers.mla import MultiHeadLatentAttention
 from outpace.layers.recurrent import RecurrentMetadata
 from outpace.model_config import ModelConfig
@@ -203,14 +205,20 @@ class DraftModelProposer(Proposer):
             self._forward(token_ids, meta.token_positions)
 
     def absorb_state(self, prefill: PrefillRows) -> None:
-        ends = torch.tensor(prefill.counts).cumsum(0) - 1
+        ends = list(itertools.accumulate(prefill.counts))
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:  # the sampled token, at L = the prompt's length, is pending
-            indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
-            self.pending_tokens[indices, 0] = prefill.next_token_ids[ends[done].to(self.device)]
-            self.pending_start[indices] = torch.tensor(
-                [prefill.starts[i] + prefill.counts[i] for i in done], device=self.device
+            # [3, len(done)]: each completed prompt's row, its last row in the prefill, its length L
+            indices, last, length = to_device(
+                [
+                    [prefill.req_indices[i] for i in done],
+                    [ends[i] - 1 for i in done],
+                    [prefill.starts[i] + prefill.counts[i] for i in done],
+                ],
+                self.device,
             )
+            self.pending_tokens[indices, 0] = prefill.next_token_ids[last]
+            self.pending_start[indices] = length
             self.pending_count[indices] = 1
 
     def update(self, verified: Verified) -> None:

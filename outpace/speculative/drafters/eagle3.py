@@ -25,12 +25,15 @@ highest cumulative log-probability form the verified tree. Prefill chunks are ex
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from outpace.attention import forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
+from outpace.host_copies import to_device
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.eagle3 import load_eagle3_draft, target_capture_ids
 from outpace.speculative.chain import chain_drafts, draft_token, position_gumbel
@@ -138,16 +141,21 @@ class Eagle3Proposer(Proposer):
     def _hold_last_rows(self, prefill: PrefillRows, aux: torch.Tensor) -> None:
         """Each completed prompt's last row becomes its pending row: its aux states (its row of ``aux``
         [total, num_aux * target hidden], the prefill's rows) and the sampled token after it."""
-        ends = torch.tensor(prefill.counts).cumsum(0) - 1
+        ends = list(itertools.accumulate(prefill.counts))
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:
-            indices = torch.tensor([prefill.req_indices[i] for i in done], device=self.device)
-            last = ends[done].to(self.device)
+            # [3, len(done)]: each completed prompt's row, its last row in the prefill, that row's position
+            indices, last, start = to_device(
+                [
+                    [prefill.req_indices[i] for i in done],
+                    [ends[i] - 1 for i in done],
+                    [prefill.starts[i] + prefill.counts[i] - 1 for i in done],
+                ],
+                self.device,
+            )
             self.pending.hidden[indices, 0] = aux[last]
             self.pending.tokens[indices, 0] = prefill.next_token_ids[last]
-            self.pending.start[indices] = torch.tensor(
-                [prefill.starts[i] + prefill.counts[i] - 1 for i in done], device=self.device
-            )
+            self.pending.start[indices] = start
             self.pending.count[indices] = 1
 
     def update(self, verified: Verified) -> None:

@@ -14,10 +14,13 @@ last verify (or of the prompt). The assistant keeps no KV, so ``update`` and ``a
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.config import SpeculativeConfig
+from outpace.host_copies import to_device
 from outpace.layers.decoder import pack_projections
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.speculative.chain import chain_drafts, choose_chain
@@ -68,10 +71,11 @@ class Gemma4AssistantProposer(Proposer):
         return [self.last_hidden]
 
     def absorb(self, prefill: PrefillRows) -> None:
-        last = (torch.tensor(prefill.counts).cumsum(0) - 1).to(
-            self.device
-        )  # each request's last row
-        indices = torch.tensor(prefill.req_indices, device=self.device)
+        # [2, chunks]: each request's row, its last row in the prefill
+        indices, last = to_device(
+            [prefill.req_indices, [end - 1 for end in itertools.accumulate(prefill.counts)]],
+            self.device,
+        )
         self.last_hidden[indices] = prefill.hidden_states[prefill.rows[last]].to(
             self.last_hidden.dtype
         )

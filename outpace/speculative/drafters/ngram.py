@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from outpace.config import SpeculativeConfig
+from outpace.host_copies import to_device
 from outpace.speculative.chain import chain_drafts
 from outpace.speculative.proposer import (
     DecodeRows,
@@ -61,22 +62,24 @@ class NgramProposer(Proposer):
         return [self.history]
 
     def absorb(self, prefill: PrefillRows) -> None:
-        for row, reused in zip(
-            prefill.req_indices, prefill.reused_token_ids
-        ):  # rows from the prefix cache
-            if reused:
-                self.history[row, : len(reused)] = torch.tensor(reused, device=self.device)
-        indices = torch.tensor(
-            [s for s, c in zip(prefill.req_indices, prefill.counts) for _ in range(c)],
-            device=self.device,
+        for row, reused in zip(prefill.req_indices, prefill.reused_token_ids):
+            if reused:  # tokens whose rows came from the prefix cache
+                self.history[row, : len(reused)] = to_device(reused, self.device)
+        counts = torch.tensor(prefill.counts)
+        # [chunks] each chunk's first position less its first row's index in the chunks' rows
+        offsets = torch.tensor(prefill.starts) - (counts.cumsum(0) - counts)
+        flat = torch.arange(int(counts.sum()))  # [sum(counts)]
+        # [2, sum(counts)]: each prefill row's history row and position, in one copy
+        places = torch.stack(
+            [
+                torch.tensor(prefill.req_indices).repeat_interleave(counts),
+                offsets.repeat_interleave(counts) + flat,
+            ]
         )
-        pos = torch.cat(
-            [torch.arange(a, a + c) for a, c in zip(prefill.starts, prefill.counts)]
-        ).to(self.device)
+        indices, pos = to_device(places, self.device)
         self.history[indices, pos] = prefill.token_ids
-        self.history[indices, pos + 1] = (
-            prefill.next_token_ids
-        )  # a completed prompt's sampled token, at its L
+        # a completed prompt's sampled token, at its L
+        self.history[indices, pos + 1] = prefill.next_token_ids
 
     def update(self, verified: Verified) -> None:
         rows, width = verified.rows, self.spec.num_steps + 1

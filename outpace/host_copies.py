@@ -1,0 +1,40 @@
+"""Host values to the device without waiting on it.
+
+``torch.tensor(values, device="cuda")`` copies from pageable memory, which torch makes a blocking copy: the host waits
+for every kernel already queued on the stream. A prefill step that did that after launching its forward waited for the
+forward at each such copy, and every piece of host work after it (sampling's tensors, the request state, the drafter's
+absorb) then ran while the GPU idled. From page-locked memory the copy is queued behind the stream's kernels like any
+launch, and torch keeps the page-locked block from reuse until the copy has run. On an H100 (widened Llama, closed
+batches of 8, one round's first step each, benchmarks/results/gpu_2026-12-06g) the prefill step took 0.5 to 1.6 ms less
+with these copies for plain decoding and EAGLE3, but n-gram's 2.4 and 22 ms more; at batch 32 single rounds' first
+steps moved by 10 to 20 ms. Not yet settled: closed_batch_rounds.py now reports the median of every round's first
+step, and ``benchmarks/scripts/prefill_waits.py`` counts the waits a prefill step has left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def pinned(
+    values: Sequence, device: torch.device, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """A host tensor of ``values``, page-locked when it is bound for a CUDA device (asynchronous copies)."""
+    return torch.tensor(values, dtype=dtype, pin_memory=torch.device(device).type == "cuda")
+
+
+def to_device(
+    values: Sequence | torch.Tensor, device: torch.device | str, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """``values`` (a sequence, or a host tensor) as a ``dtype`` tensor on ``device``, copied there behind the kernels
+    queued before it (no wait on a GPU)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    if isinstance(values, torch.Tensor):
+        host = values.to(dtype)
+        host = host.pin_memory() if cuda else host
+    else:
+        host = torch.tensor(values, dtype=dtype, pin_memory=cuda)
+    return host.to(device, non_blocking=cuda)
