@@ -8,7 +8,9 @@ closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, c
 also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen, its
 kind: held, flush, draft or probe) and prints, per batch and temperature, where a method's steps spent more
 time than plain decoding's, and its steps by kind (``--profile-steps I...``: those steps of each row's last round
-also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU).
+also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU), and
+each row's first step (the prompts' prefill) over every round: its median, since one round's first step moved by 10 to
+20 ms now and then on an H100 (benchmarks/results/gpu_2026-12-06g).
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
@@ -65,7 +67,13 @@ class StepLog:
     decoding rows."""
 
     def __init__(self, llm: LLM, profile_steps: Sequence[int] = ()) -> None:
-        self.on, self.steps, self._shape, self._believed = False, [], None, None
+        self.on, self.profiling, self.steps, self._shape, self._believed = (
+            False,
+            False,
+            [],
+            None,
+            None,
+        )
         self._kind: str | None = None
         self._probe = False
         self.profile_steps, self.tables = profile_steps, []
@@ -77,7 +85,7 @@ class StepLog:
                 return real_step()
             self._shape = self._believed = self._kind = None
             rows = sum(map(is_decoding, engine.scheduler.running))
-            profiled = len(self.steps) in self.profile_steps
+            profiled = self.profiling and len(self.steps) in self.profile_steps
             with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
                 t = time.perf_counter()
                 outputs = real_step()
@@ -86,7 +94,7 @@ class StepLog:
             if profiled:
                 on_gpu = torch.cuda.is_available()
                 by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-                table = prof.key_averages().table(sort_by=by, row_limit=25)
+                table = prof.key_averages().table(sort_by=by, row_limit=60)
                 self.tables.append((len(self.steps) - 1, table))
             return outputs
 
@@ -188,10 +196,13 @@ def measure(
         for (name, b, t), row in rows.items():
             watch = watches.get(name)
             if watch is not None:
-                watch.on, watch.steps = k == rounds - 1, []
+                watch.on, watch.profiling, watch.steps = True, k == rounds - 1, []
             outs, seconds, steady = _run(llms[name], prompts, b, params[t], b)
-            if watch is not None and watch.on:
-                logs[name, b, t], watch.on = watch.steps, False
+            if watch is not None:
+                watch.on = False
+                row.setdefault("first_ms", []).append(watch.steps[0][0])
+            if watch is not None and watch.profiling:
+                logs[name, b, t] = watch.steps
                 for i, table in watch.tables:
                     print(
                         f"{name}, batch {b}, temperature {t}: step {i} under torch.profiler\n{table}"
@@ -212,6 +223,8 @@ def measure(
             p / m for p, m in zip(plain["seconds"], row["seconds"])
         )
         row["steady_speedup"] = row["steady_median"] / plain["steady_median"]
+        if "first_ms" in row:
+            row["first_ms_median"] = statistics.median(row["first_ms"])
     return list(rows.values())
 
 
@@ -251,6 +264,11 @@ def main() -> None:
     if a.out:
         Path(a.out).write_text(json.dumps({"rounds": a.rounds, "rows": rows}, indent=1) + "\n")
     if logs is not None:
+        print("the first step (the prompts' prefill), ms, the median of the rounds:")
+        for r in rows:
+            print(
+                f"  {r['method']:<11} b{r['batch']:<3} t{r['temperature']}: {r['first_ms_median']:.2f}"
+            )
         print("\n".join(step_differences(logs, a.methods)))
         named = [
             {"method": n, "batch": b, "temperature": t, "steps": s} for (n, b, t), s in logs.items()
