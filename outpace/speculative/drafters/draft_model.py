@@ -219,7 +219,7 @@ class DraftModelProposer(Proposer):
             )
             self.pending_tokens[indices, 0] = prefill.next_token_ids[last]
             self.pending_start[indices] = length
-            self.pending_count[indices] = 1
+            self.pending_count.index_fill_(0, indices, 1)
 
     def update(self, verified: Verified) -> None:
         rows = verified.rows

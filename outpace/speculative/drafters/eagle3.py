@@ -156,7 +156,7 @@ class Eagle3Proposer(Proposer):
             self.pending.hidden[indices, 0] = aux[last]
             self.pending.tokens[indices, 0] = prefill.next_token_ids[last]
             self.pending.start[indices] = start
-            self.pending.count[indices] = 1
+            self.pending.count.index_fill_(0, indices, 1)
 
     def update(self, verified: Verified) -> None:
         rows, b, n = verified.rows, verified.rows.size, self.verify_rows

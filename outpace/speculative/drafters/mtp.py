@@ -49,6 +49,7 @@ from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
 from outpace.config import SpeculativeConfig
+from outpace.host_copies import to_device
 from outpace.layers.moe import RoutedExperts
 from outpace.layers.routed_rows import routed_rows
 from outpace.speculative.chain import chain_drafts, draft_token
@@ -210,6 +211,9 @@ class MTPProposer(Proposer):
         )  # (a read of the device: only after a chunk that left rows unrun)
         # per chunk: its rows (pending ones first), the first, those run
         seqs, firsts, runs = [], [], []
+        # per chunk: its pending window's first position and rows, written once after the loop (one copy: an
+        # element written from the host, ``pending.start[s] = ...``, is a copy that waits on the GPU)
+        window_starts, window_counts = [], []
         chunks = zip(prefill.req_indices, prefill.starts, prefill.counts, prefill.num_tokens)
         for i, (s, start, count, n) in enumerate(chunks):
             held = counts[i] if takes[i] else 0
@@ -231,8 +235,13 @@ class MTPProposer(Proposer):
             runs.append(h.shape[0] if whole else pend)
             pending.hidden[s, :keep] = h[pend:]
             pending.tokens[s, :keep] = t[pend : pend + keep]
-            pending.start[s] = start - held + pend
-            pending.count[s] = keep
+            window_starts.append(start - held + pend)
+            window_counts.append(keep)
+        rows, starts, keeps = to_device(
+            [prefill.req_indices, window_starts, window_counts], self.device
+        )
+        pending.start[rows] = starts
+        pending.count[rows] = keeps
         take = [i for i, m in enumerate(runs) if m > 0]
         return (take, firsts, runs, seqs) if take else None
 
