@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # n-gram against plain decoding on the widened Llama at temperature 0.8, closed batches of 8 and 32 (64 tokens): steps
 # 0 (the prompts' prefill), 1 (the first probe) and 20 (a flush step) under torch.profiler, to find the 0.67 / 1.72 ms
-# more of n-gram's first step and the 9 / 22 us more of each of its plain steps (gpu_2026-12-06g call 5).
+# more of n-gram's first step (gpu_2026-12-06g call 5) and to set its flush step beside plain decoding's.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
