@@ -5,12 +5,13 @@ for every kernel already queued on the stream. A prefill step that did that afte
 forward at each such copy, and every piece of host work after it (sampling's tensors, the request state, the drafter's
 absorb) then ran while the GPU idled. Writing one element from the host, ``t[i] = 3`` on a CUDA tensor, is such a copy
 too (torch copies a CPU scalar tensor into the 0-d destination: ATen/TensorIndexing.h ``copy_to``): the values go as
-one tensor (``to_device``), or by ``fill_`` / ``index_fill_``, which take a number and copy nothing. From page-locked memory the copy is queued behind the stream's kernels like any
-launch, and torch keeps the page-locked block from reuse until the copy has run. On an H100 (widened Llama, closed
-batches of 8, one round's first step each, benchmarks/results/gpu_2026-12-06g) the prefill step took 0.5 to 1.6 ms less
-with these copies for plain decoding and EAGLE3, but n-gram's 2.4 and 22 ms more; at batch 32 single rounds' first
-steps moved by 10 to 20 ms. Not yet settled: closed_batch_rounds.py now reports the median of every round's first
-step, and ``benchmarks/scripts/prefill_waits.py`` counts the waits a prefill step has left.
+one tensor (``to_device``), or by ``fill_`` / ``index_fill_``, which take a number and copy nothing. From page-locked
+memory the copy is queued behind the stream's kernels like any launch, and torch keeps the page-locked block from reuse
+until the copy has run. On an H100 (widened Llama, closed batches of 8, one round's first step each,
+benchmarks/results/gpu_2026-12-06g) the prefill step took 0.5 to 1.6 ms less with these copies for plain decoding and
+EAGLE3, but n-gram's 2.4 and 22 ms more; at batch 32 single rounds' first steps moved by 10 to 20 ms. Not yet settled:
+closed_batch_rounds.py now reports the median of every round's first step, and ``benchmarks/scripts/prefill_waits.py``
+counts the waits a prefill step has left.
 """
 
 from __future__ import annotations
