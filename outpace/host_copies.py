@@ -39,5 +39,5 @@ def to_device(
         host = values.to(dtype)
         host = host.pin_memory() if cuda else host
     else:
-        host = torch.tensor(values, dtype=dtype, pin_memory=cuda)
+        host = pinned(values, device, dtype)
     return host.to(device, non_blocking=cuda)
