@@ -66,7 +66,9 @@ class StepLog:
     acceptance measured: speculative/adaptive.py); None for plain decoding's engine and for steps without
     decoding rows."""
 
-    def __init__(self, llm: LLM, profile_steps: Sequence[int] = ()) -> None:
+    def __init__(
+        self, llm: LLM, profile_steps: Sequence[int] = (), sort_by: str | None = None
+    ) -> None:
         self.on, self.profiling, self.steps, self._shape, self._believed = (
             False,
             False,
@@ -77,6 +79,8 @@ class StepLog:
         self._kind: str | None = None
         self._probe = False
         self.profile_steps, self.tables = profile_steps, []
+        on_gpu = torch.cuda.is_available()
+        sort_by = sort_by or ("self_device_time_total" if on_gpu else "self_cpu_time_total")
         engine = llm.engine
         real_step = engine.step
 
@@ -92,9 +96,7 @@ class StepLog:
                 wall = time.perf_counter() - t
             self.steps.append([round(1e3 * wall, 3), rows, self._shape, self._believed, self._kind])
             if profiled:
-                on_gpu = torch.cuda.is_available()
-                by = "self_device_time_total" if on_gpu else "self_cpu_time_total"
-                table = prof.key_averages().table(sort_by=by, row_limit=60)
+                table = prof.key_averages().table(sort_by=sort_by, row_limit=60)
                 self.tables.append((len(self.steps) - 1, table))
             return outputs
 
@@ -165,13 +167,16 @@ def measure(
     max_tokens: int,
     logs: dict[tuple, list] | None = None,
     profile_steps: Sequence[int] = (),
+    profile_every_round: bool = False,
+    profile_sort: str | None = None,
 ) -> list[dict]:
     """Per (method, batch, temperature): every round's closed-batch seconds and steady tokens/s, and their
     medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method.
     ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_steps``: those
-    steps of theirs under torch.profiler too, whose tables are printed."""
+    steps of theirs under torch.profiler too (of every round's with ``profile_every_round``), whose tables are
+    printed, sorted by ``profile_sort`` (a key_averages column; the GPU's self time on a GPU)."""
     watches = (
-        {name: StepLog(llm, profile_steps) for name, llm in llms.items()}
+        {name: StepLog(llm, profile_steps, profile_sort) for name, llm in llms.items()}
         if logs is not None
         else {}
     )
@@ -196,7 +201,8 @@ def measure(
         for (name, b, t), row in rows.items():
             watch = watches.get(name)
             if watch is not None:
-                watch.on, watch.profiling, watch.steps = True, k == rounds - 1, []
+                watch.on, watch.steps = True, []
+                watch.profiling = profile_every_round or k == rounds - 1
             outs, seconds, steady = _run(llms[name], prompts, b, params[t], b)
             if watch is not None:
                 watch.on = False
@@ -205,7 +211,8 @@ def measure(
                 logs[name, b, t] = watch.steps
                 for i, table in watch.tables:
                     print(
-                        f"{name}, batch {b}, temperature {t}: step {i} under torch.profiler\n{table}"
+                        f"{name}, batch {b}, temperature {t}, round {k}: step {i} ({watch.steps[i][0]} ms) "
+                        f"under torch.profiler\n{table}"
                     )
                 watch.tables.clear()
             row["seconds"].append(seconds)
@@ -247,10 +254,23 @@ def main() -> None:
         default=(),
         help="with --steps: these steps (indices) under torch.profiler",
     )
+    p.add_argument(
+        "--profile-every-round",
+        action="store_true",
+        help="--profile-steps in every round, not only the last (a step that is slow now and then)",
+    )
+    p.add_argument(
+        "--profile-sort",
+        default=None,
+        help="the profiler tables' sort column (e.g. self_cpu_time_total; default: the GPU's self time)",
+    )
     a = p.parse_args()
     llms = engines(a.methods, Path(a.workdir), a.tiny, max(a.batches), a.family)
     logs = {} if a.steps else None
-    rows = measure(llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_steps)
+    rows = measure(
+        llms, a.batches, a.temperatures, a.rounds, a.max_tokens, logs, a.profile_steps,
+        a.profile_every_round, a.profile_sort,
+    )  # fmt: skip
     print(
         f"{'method':<8} {'batch':>5} {'temp':>4} {'closed':>7} {'paired':>7} {'steady':>7}  closed seconds by round"
     )

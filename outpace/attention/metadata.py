@@ -20,6 +20,8 @@ from typing import Sequence
 
 import torch
 
+from outpace.host_repeat import repeat_counts
+
 
 @dataclass
 class DenseCausalMetadata:
@@ -161,10 +163,8 @@ def build_paged_metadata(
         table[s, : len(blocks)] = torch.tensor(blocks, dtype=torch.int64)
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     starts = torch.tensor(num_cached, dtype=torch.int64)
-    seq_index = torch.repeat_interleave(torch.arange(num_seqs), q_lens)  # [num_tokens]
-    query_index = torch.arange(len(seq_index)) - torch.repeat_interleave(
-        q_lens.cumsum(0) - q_lens, q_lens
-    )
+    seq_index = repeat_counts(range(num_seqs), q_lens)  # [num_tokens]
+    query_index = torch.arange(len(seq_index)) - repeat_counts(q_lens.cumsum(0) - q_lens, q_lens)
     rows = starts[seq_index] + query_index
     slots = table[seq_index, rows // block_size] * block_size + rows % block_size
     custom = None

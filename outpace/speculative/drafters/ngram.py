@@ -18,6 +18,7 @@ import torch
 
 from outpace.config import SpeculativeConfig
 from outpace.host_copies import to_device
+from outpace.host_repeat import repeat_counts
 from outpace.speculative.chain import chain_drafts
 from outpace.speculative.proposer import (
     DecodeRows,
@@ -72,8 +73,8 @@ class NgramProposer(Proposer):
         # [2, sum(counts)]: each prefill row's history row and position, in one copy
         places = torch.stack(
             [
-                torch.tensor(prefill.req_indices).repeat_interleave(counts),
-                offsets.repeat_interleave(counts) + flat,
+                repeat_counts(prefill.req_indices, counts),
+                repeat_counts(offsets, counts) + flat,
             ]
         )
         indices, pos = to_device(places, self.device)

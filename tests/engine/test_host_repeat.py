@@ -1,0 +1,22 @@
+"""outpace/host_repeat.py: each value its count times, as torch's repeat_interleave gives them (lists and host
+tensors, zero counts, nothing at all)."""
+
+import torch
+
+from outpace.host_repeat import repeat_counts
+
+
+def test_values_repeated_as_torch_repeats_them():
+    cases = [
+        ([4, 9, 2], [3, 1, 2]),
+        (range(5), [0, 2, 0, 1, 4]),
+        (torch.tensor([7, -3]), torch.tensor([2, 5])),
+        ([], []),
+    ]
+    for values, counts in cases:
+        want = torch.tensor(list(values), dtype=torch.int64).repeat_interleave(
+            torch.as_tensor(counts, dtype=torch.int64)
+        )
+        got = repeat_counts(values, counts)
+        assert got.dtype == torch.int64 and got.device.type == "cpu"
+        assert torch.equal(got, want), (values, counts)
