@@ -18,7 +18,12 @@ def test_absorb_writes_every_chunk_at_its_rows_positions():
     )
     proposer.history.fill_(-1)
     # (history row, first position, tokens, tokens the prefix cache gave before it)
-    chunks = [(2, 0, 5, []), (0, 7, 3, list(range(100, 107))), (3, 4, 2, [])]
+    chunks = [
+        (2, 0, 5, []),
+        (0, 7, 3, list(range(100, 107))),
+        (3, 4, 2, []),
+        (1, 3, 4, [55, 56, 57]),
+    ]
     counts = [c for _, _, c, _ in chunks]
     g = torch.Generator().manual_seed(0)
     # each chunk's tokens and the one after its last (the prompt's next, or the one sampled)
@@ -29,7 +34,7 @@ def test_absorb_writes_every_chunk_at_its_rows_positions():
         req_indices=[row for row, _, _, _ in chunks],
         starts=[start for _, start, _, _ in chunks],
         counts=counts,
-        final=[True, True, False],
+        final=[True, True, False, True],
         rows=torch.arange(sum(counts)),
         token_ids=token_ids,
         next_token_ids=next_ids,

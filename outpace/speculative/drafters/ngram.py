@@ -63,24 +63,39 @@ class NgramProposer(Proposer):
         return [self.history]
 
     def absorb(self, prefill: PrefillRows) -> None:
-        for row, reused in zip(prefill.req_indices, prefill.reused_token_ids):
-            if reused:  # tokens whose rows came from the prefix cache
-                self.history[row, : len(reused)] = to_device(reused, self.device)
         counts = torch.tensor(prefill.counts)
+        n = int(counts.sum())
         # [chunks] each chunk's first position less its first row's index in the chunks' rows
         offsets = torch.tensor(prefill.starts) - (counts.cumsum(0) - counts)
-        flat = torch.arange(int(counts.sum()))  # [sum(counts)]
-        # [2, sum(counts)]: each prefill row's history row and position, in one copy
-        places = torch.stack(
+        # the tokens the prefix cache gave a request before its first chunk, at positions 0 .. len - 1
+        cached = [(r, t) for r, t in zip(prefill.req_indices, prefill.reused_token_ids) if t]
+        lengths = torch.tensor([len(t) for _, t in cached], dtype=torch.int64)
+        firsts = lengths.cumsum(0) - lengths
+        # [n + sum(lengths)] each: the prefill rows', then the cached tokens' history row and position, and the
+        # cached tokens (0 under the prefill rows, whose tokens are on the device)
+        rows = torch.cat(
             [
                 repeat_counts(prefill.req_indices, counts),
-                repeat_counts(offsets, counts) + flat,
+                repeat_counts([r for r, _ in cached], lengths),
             ]
         )
-        indices, pos = to_device(places, self.device)
-        self.history[indices, pos] = prefill.token_ids
+        positions = torch.cat(
+            [
+                repeat_counts(offsets, counts) + torch.arange(n),
+                torch.arange(int(lengths.sum())) - repeat_counts(firsts, lengths),
+            ]
+        )
+        values = torch.tensor(
+            [0] * n + [token for _, t in cached for token in t], dtype=torch.int64
+        )
+        indices, pos, tokens = to_device(
+            torch.stack([rows, positions, values]), self.device
+        )  # one copy
+        self.history[indices[:n], pos[:n]] = prefill.token_ids
         # a completed prompt's sampled token, at its L
-        self.history[indices, pos + 1] = prefill.next_token_ids
+        self.history[indices[:n], pos[:n] + 1] = prefill.next_token_ids
+        if cached:
+            self.history[indices[n:], pos[n:]] = tokens[n:]
 
     def update(self, verified: Verified) -> None:
         rows, width = verified.rows, self.spec.num_steps + 1
