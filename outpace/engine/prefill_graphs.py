@@ -62,7 +62,10 @@ SMALLEST_PREFILL_BUCKET = 16  # the attention kernel's smallest tile: fewer rows
 LARGEST_PREFILL_BUCKET = (
     512  # tokens a key holds: longer prefills amortize an eager forward's launches
 )
-CHUNK_BUCKETS = (1, 2, 4, 8)  # chunks a key holds
+# chunks a key holds, up to the engine's requests (``_keys``). Past 8 chunks: many requests whose prompts the prefix
+# cache mostly holds (a shared system prompt) prefill a few tokens each; eagerly, a step of 32 such chunks took 22 to
+# 52 ms on an H100 where 8 of them replayed in 8.3 (widened Llama, closed_batch_rounds.py: gpu_2026-12-06g)
+CHUNK_BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
@@ -102,6 +105,8 @@ class PrefillGraphs:
         self.drafter = drafter if drafter is not None and drafter.captures_absorb else None
         self.absorbs: dict[PrefillKey, CapturedCall] = {}
         device, k = req_table.device, CHUNK_BUCKETS[-1]
+        # the most chunks a step may have: one a request
+        self.max_chunks = req_table.padding_index
         # static inputs, written before each replay
         self.token_ids = torch.zeros(
             LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device
@@ -141,11 +146,11 @@ class PrefillGraphs:
         device = self.req_table.device
         self.graphs = {
             key: CapturedCall(lambda key=key: self._forward(*key), device, memory_pool)
-            for key in _keys(self.buckets)
+            for key in _keys(self.buckets, self.max_chunks)
         }
         self.absorbs = {
             key: CapturedCall(lambda key=key: self._absorb(*key), device, memory_pool)
-            for key in (_keys(self.buckets) if self.drafter is not None else ())
+            for key in (_keys(self.buckets, self.max_chunks) if self.drafter is not None else ())
         }
 
     def bucket(self, counts: list[int], starts: list[int]) -> PrefillKey | None:
@@ -257,6 +262,13 @@ class PrefillGraphs:
             )
 
 
-def _keys(sizes: tuple[int, ...]) -> list[PrefillKey]:
-    """Every (chunks, tokens a chunk) of the chunk buckets and ``sizes`` within the largest bucket."""
-    return [(k, p) for k in CHUNK_BUCKETS for p in sizes if k * p <= LARGEST_PREFILL_BUCKET]
+def _keys(sizes: tuple[int, ...], max_chunks: int) -> list[PrefillKey]:
+    """Every (chunks, tokens a chunk) of ``sizes`` and the chunk buckets up to the first that holds ``max_chunks``,
+    within the largest bucket."""
+    most = bucket_for(CHUNK_BUCKETS, max_chunks) or CHUNK_BUCKETS[-1]
+    return [
+        (k, p)
+        for k in CHUNK_BUCKETS
+        for p in sizes
+        if k <= most and k * p <= LARGEST_PREFILL_BUCKET
+    ]

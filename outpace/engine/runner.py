@@ -148,7 +148,7 @@ class ModelRunner:
 
     def capture(self, buckets: tuple[int, ...], prefill_buckets: tuple[int, ...] = ()) -> None:
         """Capture the decode step for every bucket, draft shape (zero drafts: held and flushing, where the
-        drafter holds) and sampling mode, and the forward of up to 8 prefill chunks for the prefill buckets
+        drafter holds) and sampling mode, and the forward of up to 32 prefill chunks for the prefill buckets
         the model allows (engine/prefill_graphs.py); on CUDA, elsewhere the replays run the same code
         eagerly. With adaptive speculation, profile each decode step on the GPU (zero drafts: the held
         step, the usual one; the flushes among them are timed as they run)."""

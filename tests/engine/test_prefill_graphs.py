@@ -147,6 +147,31 @@ def test_several_chunks_replay_one_key_and_change_no_token(spec):
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 
 
+@SPECS
+def test_many_short_chunks_replay_a_key_of_sixteen(spec):
+    """Twelve short prompts in one step (as a prefix cache leaves many requests a few tokens each): past 8 chunks
+    the step replays a key of 16 chunks, and the tokens and acceptance equal those of an eager engine."""
+    spec = spec or SpeculativeConfig()
+    kw = dict(device="cpu", max_num_seqs=16, max_num_batched_tokens=256, speculative=spec)
+    eager, graphed = LLM(str(ZOO / "tinypy"), **kw), LLM(str(ZOO / "tinypy"), **kw)
+    graphed.engine.capture_graphs()
+    replays = _counting_replays(graphed)
+    prompts = [
+        graphed.tokenizer.encode(p)[-(6 + i % 5) :]
+        for i, p in enumerate(json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:12])
+    ]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    want, got = eager.generate(prompts, params), graphed.generate(prompts, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    if spec.enabled:
+        assert [o.spec_metrics.accepted_per_position for o in got] == [
+            o.spec_metrics.accepted_per_position for o in want
+        ]
+    assert replays == [(16, 16)]
+    engine = graphed.engine
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
+
+
 def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_eagerly():
     llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=16, max_num_batched_tokens=2048)
     llm.engine.capture_graphs()
@@ -158,7 +183,13 @@ def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_ea
         8,
         16,
     )
-    assert graphs.bucket([3] * 9, [0] * 9) is None  # more chunks than a key holds
+    # up to the engine's 16 requests: 9 chunks take a key of 16 (16 x 16 tokens), 17 none
+    assert graphs.bucket([3] * 9, [0] * 9) == (16, 16) and graphs.bucket([3] * 16, [0] * 16) == (
+        16,
+        16,
+    )
+    assert graphs.bucket([17] * 9, [0] * 9) == (16, 32) and graphs.bucket([33] * 9, [0] * 9) is None
+    assert graphs.bucket([3] * 17, [0] * 17) is None  # more chunks than the engine has requests
     assert graphs.bucket([200, 100, 10], [0] * 3) is None  # 4 chunks of 256 tokens: past 512
     assert graphs.bucket([10], [graphs.max_rows - 16]) == (1, 16)
     assert graphs.bucket([10, 10], [0, graphs.max_rows - 15]) is None
