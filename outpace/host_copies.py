@@ -9,9 +9,9 @@ one tensor (``to_device``), or by ``fill_`` / ``index_fill_``, which take a numb
 memory the copy is queued behind the stream's kernels like any launch, and torch keeps the page-locked block from reuse
 until the copy has run. On an H100 (widened Llama, closed batches of 8, one round's first step each,
 benchmarks/results/gpu_2026-12-06g) the prefill step took 0.5 to 1.6 ms less with these copies for plain decoding and
-EAGLE3, but n-gram's 2.4 and 22 ms more; at batch 32 single rounds' first steps moved by 10 to 20 ms. Not yet settled:
-closed_batch_rounds.py now reports the median of every round's first step, and ``benchmarks/scripts/prefill_waits.py``
-counts the waits a prefill step has left.
+EAGLE3, but n-gram's 2.4 and 22 ms more; at batch 32 single rounds' first steps moved by 10 to 20 ms. Those moves were
+torch's CPU repeat_interleave waking its thread team (outpace/host_repeat.py); since, every drafter's prefill step waits
+once, for the first tokens the host reads (``benchmarks/scripts/prefill_waits.py``, gpu_2026-12-06h).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ kind: held, flush, draft or probe) and prints, per batch and temperature, where 
 time than plain decoding's, and its steps by kind (``--profile-steps I...``: those steps of each row's last round
 also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU), and
 each row's first step (the prompts' prefill) over every round: its median, since one round's first step moved by 10 to
-20 ms now and then on an H100 (benchmarks/results/gpu_2026-12-06g).
+20 ms now and then on an H100 (benchmarks/results/gpu_2026-12-06g; torch's CPU repeat_interleave, found with
+``--profile-every-round``: gpu_2026-12-06h).
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
