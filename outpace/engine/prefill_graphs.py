@@ -6,9 +6,9 @@ most of what a request costs beyond its decode steps, and the time to its first 
 load a few short prompts (or their uncached suffixes) join at most steps, beside the decoding batch
 (benchmarks/scripts/diag_closed_loop.py). A step whose prefill part is ``n`` chunks of ``c_i`` tokens replays
 instead the forward captured for the smallest key ``(K, P)`` with ``K >= n`` chunks and ``P >= max c_i``
-tokens a chunk (``K * P`` at most the largest bucket): chunk i's tokens and ``P - c_i`` padding tokens at
-KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row; chunks n .. K - 1 are the
-padding row's. The padding rows' KV lands past each request's last row: in its own partly filled block
+tokens a chunk (``K * P`` at most the largest bucket, or P at most ``SHORT_CHUNK``): chunk i's tokens and
+``P - c_i`` padding tokens at KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row;
+chunks n .. K - 1 are the padding row's. The padding rows' KV lands past each request's last row: in its own partly filled block
 (rows that the next chunk or decode step rewrites before anything reads them) or, past its table, in the
 pool's padding block. Sampling the first tokens reads the real rows of the forward's outputs, gathered in the
 order an eager forward gives them.
@@ -66,6 +66,14 @@ LARGEST_PREFILL_BUCKET = (
 # cache mostly holds (a shared system prompt) prefill a few tokens each; eagerly, a step of 32 such chunks took 22 to
 # 52 ms on an H100 where 8 of them replayed in 8.3 (widened Llama, closed_batch_rounds.py: gpu_2026-12-06g)
 CHUNK_BUCKETS = (1, 2, 4, 8, 16, 32)
+# Chunks of at most this many tokens fill keys of every chunk count, past LARGEST_PREFILL_BUCKET: a cached prompt
+# leaves a request under a block plus the tokens its drafter reads past a block (the prefix cache's ``reads_ahead``).
+# With MTP's, the widened Llama's requests kept up to 26 tokens, and a step of 32 of them ran eagerly in 29.9 ms where
+# EAGLE3's replayed in 14.3 (H100, gpu_2026-12-06h call 9).
+SHORT_CHUNK = 32
+MOST_KEY_TOKENS = max(
+    LARGEST_PREFILL_BUCKET, CHUNK_BUCKETS[-1] * SHORT_CHUNK
+)  # the static inputs' rows
 
 
 def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
@@ -109,7 +117,7 @@ class PrefillGraphs:
         self.max_chunks = req_table.padding_index
         # static inputs, written before each replay
         self.token_ids = torch.zeros(
-            LARGEST_PREFILL_BUCKET, dtype=torch.int64, device=device
+            MOST_KEY_TOKENS, dtype=torch.int64, device=device
         )  # [K * P] (stale pads)
         self.starts = torch.zeros(k, dtype=torch.int64, device=device)  # [K] first rows
         self.req_indices = torch.full(
@@ -120,9 +128,9 @@ class PrefillGraphs:
             None  # [K * P, width] what the drafter reads (stale pads)
         )
         if self.drafter is not None:
-            self.target_rows = self.drafter.absorb_buffer(LARGEST_PREFILL_BUCKET)
+            self.target_rows = self.drafter.absorb_buffer(MOST_KEY_TOKENS)
             self.next_ids = torch.zeros(
-                LARGEST_PREFILL_BUCKET + k * self.drafter.absorb_reach,
+                MOST_KEY_TOKENS + k * self.drafter.absorb_reach,
                 dtype=torch.int64,
                 device=device,
             )  # [K * (P + reach)] each chunk's token after each row, then its tokens ahead (stale pads)
@@ -262,13 +270,19 @@ class PrefillGraphs:
             )
 
 
+def key_tokens(sizes: tuple[int, ...], max_chunks: int) -> int:
+    """The most tokens a captured key's forward takes (chunks times tokens a chunk) for chunk ``sizes`` and an engine
+    of ``max_chunks`` requests (0: none)."""
+    return max((k * p for k, p in _keys(sizes, max_chunks)), default=0)
+
+
 def _keys(sizes: tuple[int, ...], max_chunks: int) -> list[PrefillKey]:
     """Every (chunks, tokens a chunk) of ``sizes`` and the chunk buckets up to the first that holds ``max_chunks``,
-    within the largest bucket."""
+    within the largest bucket or of short chunks (``SHORT_CHUNK``)."""
     most = bucket_for(CHUNK_BUCKETS, max_chunks) or CHUNK_BUCKETS[-1]
     return [
         (k, p)
         for k in CHUNK_BUCKETS
         for p in sizes
-        if k <= most and k * p <= LARGEST_PREFILL_BUCKET
+        if k <= most and (k * p <= LARGEST_PREFILL_BUCKET or p <= SHORT_CHUNK)
     ]

@@ -34,7 +34,7 @@ from outpace.engine.memory import (
     resize_kv_pool,
     weights_summary,
 )
-from outpace.engine.prefill_graphs import prefill_buckets
+from outpace.engine.prefill_graphs import key_tokens, prefill_buckets
 from outpace.engine.runner import ModelRunner
 from outpace.engine.step_key import SamplingMode
 from outpace.layers.moe import experts_off_the_kernels
@@ -241,12 +241,12 @@ def check_decode_fits_a_batch(config: EngineConfig, decode_tokens: int) -> None:
 
 
 def _graph_tokens(config: EngineConfig, decode_tokens: int) -> int:
-    """The tokens of the largest captured forward, a decode step or a prefill chunk (0: none is captured)."""
+    """The tokens of the largest captured forward, a decode step or a prefill key's chunks (0: none is captured)."""
     if not (config.device.startswith("cuda") and config.cuda_graphs):
         return 0
-    prefill = prefill_buckets(config.max_num_batched_tokens)
+    prefill = key_tokens(prefill_buckets(config.max_num_batched_tokens), config.max_num_seqs)
     largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
-    return max([largest * decode_tokens, *prefill])
+    return max(largest * decode_tokens, prefill)
 
 
 def size_kv_pool(

@@ -12,7 +12,7 @@ import torch
 from outpace import LLM, SamplingParams
 from outpace.cache.kv_cache import bound_caches
 from outpace.config import SpeculativeConfig
-from outpace.engine.prefill_graphs import prefill_buckets
+from outpace.engine.prefill_graphs import key_tokens, prefill_buckets
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
 SPECS = pytest.mark.parametrize(
@@ -148,26 +148,33 @@ def test_several_chunks_replay_one_key_and_change_no_token(spec):
 
 
 @SPECS
-def test_many_short_chunks_replay_a_key_of_sixteen(spec):
-    """Twelve short prompts in one step (as a prefix cache leaves many requests a few tokens each): past 8 chunks
-    the step replays a key of 16 chunks, and the tokens and acceptance equal those of an eager engine."""
+@pytest.mark.parametrize(
+    "requests, prompts, shortest, key",
+    [(16, 12, 6, (16, 16)), (32, 20, 18, (32, 32))],
+    ids=["16x16", "32x32"],
+)
+def test_many_short_chunks_replay_one_key(spec, requests, prompts, shortest, key):
+    """Many short prompts in one step (as a prefix cache leaves a burst of requests a few tokens each, or a block and
+    an MTP's reads past it): past 8 chunks the step replays a key of 16 or 32 chunks, 32 chunks of 32 tokens past the
+    512 a longer chunk's key holds, and the tokens and acceptance equal those of an eager engine."""
     spec = spec or SpeculativeConfig()
-    kw = dict(device="cpu", max_num_seqs=16, max_num_batched_tokens=256, speculative=spec)
+    kw = dict(device="cpu", max_num_seqs=requests, max_num_batched_tokens=1024, speculative=spec)
     eager, graphed = LLM(str(ZOO / "tinypy"), **kw), LLM(str(ZOO / "tinypy"), **kw)
     graphed.engine.capture_graphs()
     replays = _counting_replays(graphed)
-    prompts = [
-        graphed.tokenizer.encode(p)[-(6 + i % 5) :]
-        for i, p in enumerate(json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:12])
+    texts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"]
+    ids = [
+        graphed.tokenizer.encode(texts[i % len(texts)])[-(shortest + i % 5) :]
+        for i in range(prompts)
     ]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    want, got = eager.generate(prompts, params), graphed.generate(prompts, params)
+    want, got = eager.generate(ids, params), graphed.generate(ids, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     if spec.enabled:
         assert [o.spec_metrics.accepted_per_position for o in got] == [
             o.spec_metrics.accepted_per_position for o in want
         ]
-    assert replays == [(16, 16)]
+    assert replays == [key]
     engine = graphed.engine
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 
@@ -189,6 +196,7 @@ def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_ea
         16,
     )
     assert graphs.bucket([17] * 9, [0] * 9) == (16, 32) and graphs.bucket([33] * 9, [0] * 9) is None
+    assert key_tokens(graphs.buckets, 16) == 512 and key_tokens(graphs.buckets, 32) == 1024
     assert graphs.bucket([3] * 17, [0] * 17) is None  # more chunks than the engine has requests
     assert graphs.bucket([200, 100, 10], [0] * 3) is None  # 4 chunks of 256 tokens: past 512
     assert graphs.bucket([10], [graphs.max_rows - 16]) == (1, 16)
