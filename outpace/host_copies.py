@@ -41,3 +41,25 @@ def to_device(
     else:
         host = pinned(values, device, dtype)
     return host.to(device, non_blocking=cuda)
+
+
+def pieces_to_device(
+    pieces: Sequence[torch.Tensor], device: torch.device | str
+) -> list[torch.Tensor]:
+    """Host int64 tensors on ``device`` in one copy (``to_device``), each as it was shaped: views of one buffer, every
+    piece starting on a 16-byte boundary (Triton specializes a kernel on a pointer's 16-byte alignment: an unaligned
+    view would compile it again)."""
+    flat = [p.reshape(-1).to(torch.int64) for p in pieces]
+    # each piece's start in the buffer: the pieces before it, each rounded up to two values (16 bytes)
+    spans = [p.numel() + p.numel() % 2 for p in flat]
+    host = torch.zeros(sum(spans), dtype=torch.int64)
+    at = 0
+    for p, span in zip(flat, spans):
+        host[at : at + p.numel()] = p
+        at += span
+    buffer = to_device(host, device)
+    views, at = [], 0
+    for piece, p, span in zip(pieces, flat, spans):
+        views.append(buffer[at : at + p.numel()].view(piece.shape))
+        at += span
+    return views

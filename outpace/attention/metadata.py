@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from outpace.host_copies import pieces_to_device
 from outpace.host_repeat import repeat_counts
 
 
@@ -175,13 +176,17 @@ def build_paged_metadata(
             if mask is None:
                 mask = torch.ones(q, q, dtype=torch.bool, device=device).tril()
             custom[s, :q, window - mask.shape[1] :] = mask
+    # one copy, queued behind the stream's kernels (six pageable copies each waited for them)
+    slots, table, seq_lens, q_lens, seq_index, query_index = pieces_to_device(
+        [slots, table, starts + q_lens, q_lens, seq_index, query_index], device
+    )
     return PagedAttentionMetadata(
-        slot_mapping=slots.to(device),
-        block_tables=table.to(device),
-        seq_lens=(starts + q_lens).to(device),
-        query_lens=q_lens.to(device),
-        token_seq_index=seq_index.to(device),
-        token_query_index=query_index.to(device),
+        slot_mapping=slots,
+        block_tables=table,
+        seq_lens=seq_lens,
+        query_lens=q_lens,
+        token_seq_index=seq_index,
+        token_query_index=query_index,
         max_query_len=max_q,
         block_size=block_size,
         custom_mask=custom,
