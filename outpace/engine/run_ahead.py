@@ -25,6 +25,7 @@ from outpace.engine.launch import DecodeLaunch
 from outpace.engine.request_table import RequestTable
 from outpace.engine.scheduler import ScheduledRequest
 from outpace.engine.step_key import HoldRule, StepKey
+from outpace.host_copies import to_device
 from outpace.request import Request
 from outpace.speculative.proposer import DraftShape
 
@@ -217,8 +218,14 @@ class RunAhead:
         launch.copy.wait()
         device, held = self.req_table.device, {launch.req_indices[i] for i in rows}
         saved_rows = launch.saved.rows
-        kept = torch.tensor([j for j, row in enumerate(saved_rows) if row in held], device=device)
-        indices = torch.tensor([row for row in saved_rows if row in held], device=device)
+        # [2, restored rows]: each one's place among the saved rows and its request index, in one queued copy
+        kept, indices = to_device(
+            [
+                [j for j, row in enumerate(saved_rows) if row in held],
+                [row for row in saved_rows if row in held],
+            ],
+            device,
+        )
         for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved.tensors):
             buffer.index_copy_(0, indices, saved.index_select(0, kept))
         if self.holds is not None and launch.held_before:
