@@ -27,3 +27,9 @@ def repeat_counts(
     return torch.from_numpy(
         np.repeat(np.asarray(values, dtype=np.int64), np.asarray(counts, dtype=np.int64))
     )
+
+
+def run_positions(counts: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """[sum(counts)] int64 host tensor: 0 .. counts[i] - 1 for each i in turn (each value's place in its run)."""
+    counts = torch.as_tensor(counts, dtype=torch.int64)
+    return torch.arange(int(counts.sum())) - repeat_counts(counts.cumsum(0) - counts, counts)

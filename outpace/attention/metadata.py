@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from outpace.host_copies import pieces_to_device
-from outpace.host_repeat import repeat_counts
+from outpace.host_repeat import repeat_counts, run_positions
 
 
 @dataclass
@@ -165,7 +165,7 @@ def build_paged_metadata(
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     starts = torch.tensor(num_cached, dtype=torch.int64)
     seq_index = repeat_counts(range(num_seqs), q_lens)  # [num_tokens]
-    query_index = torch.arange(len(seq_index)) - repeat_counts(q_lens.cumsum(0) - q_lens, q_lens)
+    query_index = run_positions(q_lens)  # [num_tokens]
     rows = starts[seq_index] + query_index
     slots = table[seq_index, rows // block_size] * block_size + rows % block_size
     custom = None

@@ -8,9 +8,9 @@ load a few short prompts (or their uncached suffixes) join at most steps, beside
 instead the forward captured for the smallest key ``(K, P)`` with ``K >= n`` chunks and ``P >= max c_i``
 tokens a chunk (``K * P`` at most the largest bucket, or P at most ``SHORT_CHUNK``): chunk i's tokens and
 ``P - c_i`` padding tokens at KV rows start_i .. start_i + P - 1, causal, so no real row sees a padding row;
-chunks n .. K - 1 are the padding row's. The padding rows' KV lands past each request's last row: in its own partly filled block
-(rows that the next chunk or decode step rewrites before anything reads them) or, past its table, in the
-pool's padding block. Sampling the first tokens reads the real rows of the forward's outputs, gathered in the
+chunks n .. K - 1 are the padding row's. The padding rows' KV lands past each request's last row: in its own
+partly filled block (rows that the next chunk or decode step rewrites before anything reads them) or, past its
+table, in the pool's padding block. Sampling the first tokens reads the real rows of the forward's outputs, gathered in the
 order an eager forward gives them.
 
 A drafter that runs layers of its own over the prompt (``captures_absorb``: MTP layers, EAGLE3's, a standalone
@@ -71,9 +71,8 @@ CHUNK_BUCKETS = (1, 2, 4, 8, 16, 32)
 # With MTP's, the widened Llama's requests kept up to 26 tokens, and a step of 32 of them ran eagerly in 29.9 ms where
 # EAGLE3's replayed in 14.3 (H100, gpu_2026-12-06h call 9).
 SHORT_CHUNK = 32
-MOST_KEY_TOKENS = max(
-    LARGEST_PREFILL_BUCKET, CHUNK_BUCKETS[-1] * SHORT_CHUNK
-)  # the static inputs' rows
+# the static inputs' rows
+MOST_KEY_TOKENS = max(LARGEST_PREFILL_BUCKET, CHUNK_BUCKETS[-1] * SHORT_CHUNK)
 
 
 def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:

@@ -3,7 +3,7 @@ tensors, zero counts, nothing at all)."""
 
 import torch
 
-from outpace.host_repeat import repeat_counts
+from outpace.host_repeat import repeat_counts, run_positions
 
 
 def test_values_repeated_as_torch_repeats_them():
@@ -20,3 +20,9 @@ def test_values_repeated_as_torch_repeats_them():
         got = repeat_counts(values, counts)
         assert got.dtype == torch.int64 and got.device.type == "cpu"
         assert torch.equal(got, want), (values, counts)
+
+
+def test_run_positions_count_each_run_from_zero():
+    assert run_positions([3, 0, 2, 1]).tolist() == [0, 1, 2, 0, 1, 0]
+    assert run_positions(torch.tensor([2, 2])).tolist() == [0, 1, 0, 1]
+    assert run_positions([]).tolist() == []

@@ -18,7 +18,7 @@ import torch
 
 from outpace.config import SpeculativeConfig
 from outpace.host_copies import to_device
-from outpace.host_repeat import repeat_counts
+from outpace.host_repeat import repeat_counts, run_positions
 from outpace.speculative.chain import chain_drafts
 from outpace.speculative.proposer import (
     DecodeRows,
@@ -65,12 +65,9 @@ class NgramProposer(Proposer):
     def absorb(self, prefill: PrefillRows) -> None:
         counts = torch.tensor(prefill.counts)
         n = int(counts.sum())
-        # [chunks] each chunk's first position less its first row's index in the chunks' rows
-        offsets = torch.tensor(prefill.starts) - (counts.cumsum(0) - counts)
         # the tokens the prefix cache gave a request before its first chunk, at positions 0 .. len - 1
         cached = [(r, t) for r, t in zip(prefill.req_indices, prefill.reused_token_ids) if t]
         lengths = torch.tensor([len(t) for _, t in cached], dtype=torch.int64)
-        firsts = lengths.cumsum(0) - lengths
         # [n + sum(lengths)] each: the prefill rows', then the cached tokens' history row and position, and the
         # cached tokens (0 under the prefill rows, whose tokens are on the device)
         rows = torch.cat(
@@ -80,10 +77,7 @@ class NgramProposer(Proposer):
             ]
         )
         positions = torch.cat(
-            [
-                repeat_counts(offsets, counts) + torch.arange(n),
-                torch.arange(int(lengths.sum())) - repeat_counts(firsts, lengths),
-            ]
+            [repeat_counts(prefill.starts, counts) + run_positions(counts), run_positions(lengths)]
         )
         values = torch.tensor(
             [0] * n + [token for _, t in cached for token in t], dtype=torch.int64
