@@ -29,7 +29,12 @@ def repeat_counts(
     )
 
 
-def run_positions(counts: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """[sum(counts)] int64 host tensor: 0 .. counts[i] - 1 for each i in turn (each value's place in its run)."""
+def run_positions(
+    counts: Sequence[int] | torch.Tensor, starts: Sequence[int] | torch.Tensor | None = None
+) -> torch.Tensor:
+    """[sum(counts)] int64 host tensor: starts[i] .. starts[i] + counts[i] - 1 for each i in turn (each value's place
+    in its run, from 0 without ``starts``)."""
     counts = torch.as_tensor(counts, dtype=torch.int64)
-    return torch.arange(int(counts.sum())) - repeat_counts(counts.cumsum(0) - counts, counts)
+    firsts = counts.cumsum(0) - counts
+    places = torch.arange(int(counts.sum())) - repeat_counts(firsts, counts)
+    return places if starts is None else places + repeat_counts(starts, counts)

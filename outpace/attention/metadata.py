@@ -166,7 +166,7 @@ def build_paged_metadata(
     starts = torch.tensor(num_cached, dtype=torch.int64)
     seq_index = repeat_counts(range(num_seqs), q_lens)  # [num_tokens]
     query_index = run_positions(q_lens)  # [num_tokens]
-    rows = starts[seq_index] + query_index
+    rows = run_positions(q_lens, starts)  # [num_tokens] each token's KV row
     slots = table[seq_index, rows // block_size] * block_size + rows % block_size
     custom = None
     if custom_masks is not None and any(m is not None for m in custom_masks):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.host_copies import to_device
+from outpace.host_repeat import run_positions
 from outpace.speculative.proposer import PrefillRows
 
 
@@ -32,14 +34,15 @@ def prefill_extension(
     if not take:
         return None
     device = prefill.next_token_ids.device
-    offsets = torch.tensor([0] + prefill.counts).cumsum(0).tolist()
+    offsets = list(itertools.accumulate(prefill.counts, initial=0))  # each chunk's first row
     counts = [prefill.counts[i] - keep[i] for i in take]
     starts = [prefill.starts[i] for i in take]
-    rows = to_device(
-        torch.cat([torch.arange(offsets[i], offsets[i] + c) for i, c in zip(take, counts)]), device
-    )
-    positions = to_device(
-        torch.cat([torch.arange(s, s + c) for s, c in zip(starts, counts)]), device
+    # [2, sum(counts)]: each row's place in the prefill's rows and its position, in one copy
+    rows, positions = to_device(
+        torch.stack(
+            [run_positions(counts, [offsets[i] for i in take]), run_positions(counts, starts)]
+        ),
+        device,
     )
     meta = build_paged_metadata(
         [prefill.tables[i] for i in take], starts, counts, block_size, device

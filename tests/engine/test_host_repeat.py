@@ -26,3 +26,5 @@ def test_run_positions_count_each_run_from_zero():
     assert run_positions([3, 0, 2, 1]).tolist() == [0, 1, 2, 0, 1, 0]
     assert run_positions(torch.tensor([2, 2])).tolist() == [0, 1, 0, 1]
     assert run_positions([]).tolist() == []
+    assert run_positions([3, 0, 2], [10, 4, -1]).tolist() == [10, 11, 12, -1, 0]
+    assert run_positions(torch.tensor([1, 2]), torch.tensor([5, 7])).tolist() == [5, 7, 8]

@@ -76,9 +76,7 @@ class NgramProposer(Proposer):
                 repeat_counts([r for r, _ in cached], lengths),
             ]
         )
-        positions = torch.cat(
-            [repeat_counts(prefill.starts, counts) + run_positions(counts), run_positions(lengths)]
-        )
+        positions = torch.cat([run_positions(counts, prefill.starts), run_positions(lengths)])
         values = torch.tensor(
             [0] * n + [token for _, t in cached for token in t], dtype=torch.int64
         )
