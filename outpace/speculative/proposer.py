@@ -32,6 +32,7 @@ A drafter never imports the engine: what it needs arrives in ``DecodeRows`` and 
 from __future__ import annotations
 
 import abc
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -211,6 +212,11 @@ class PrefillRows:
     num_tokens: list[
         int
     ]  # each request's tokens the host holds (the prompt, and a recomputed one's outputs)
+
+    @property
+    def last_rows(self) -> list[int]:
+        """Each chunk's last row among the committed rows (``rows``, ``token_ids``, ...)."""
+        return [end - 1 for end in itertools.accumulate(self.counts)]
 
 
 # Rows a pending window holds past a verify's committed rows: zero-draft steps held between two forwards.

@@ -13,7 +13,6 @@ at the last committed row instead of the last correct draft.
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import torch
@@ -205,14 +204,14 @@ class DraftModelProposer(Proposer):
             self._forward(token_ids, meta.token_positions)
 
     def absorb_state(self, prefill: PrefillRows) -> None:
-        ends = list(itertools.accumulate(prefill.counts))
+        last_rows = prefill.last_rows
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:  # the sampled token, at L = the prompt's length, is pending
             # [3, len(done)]: each completed prompt's row, its last row in the prefill, its length L
             indices, last, length = to_device(
                 [
                     [prefill.req_indices[i] for i in done],
-                    [ends[i] - 1 for i in done],
+                    [last_rows[i] for i in done],
                     [prefill.starts[i] + prefill.counts[i] for i in done],
                 ],
                 self.device,

@@ -25,8 +25,6 @@ highest cumulative log-probability form the verified tree. Prefill chunks are ex
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from outpace.attention import forward_context
@@ -141,14 +139,14 @@ class Eagle3Proposer(Proposer):
     def _hold_last_rows(self, prefill: PrefillRows, aux: torch.Tensor) -> None:
         """Each completed prompt's last row becomes its pending row: its aux states (its row of ``aux``
         [total, num_aux * target hidden], the prefill's rows) and the sampled token after it."""
-        ends = list(itertools.accumulate(prefill.counts))
+        last_rows = prefill.last_rows
         done = [i for i, f in enumerate(prefill.final) if f]
         if done:
             # [3, len(done)]: each completed prompt's row, its last row in the prefill, that row's position
             indices, last, start = to_device(
                 [
                     [prefill.req_indices[i] for i in done],
-                    [ends[i] - 1 for i in done],
+                    [last_rows[i] for i in done],
                     [prefill.starts[i] + prefill.counts[i] - 1 for i in done],
                 ],
                 self.device,

@@ -14,8 +14,6 @@ last verify (or of the prompt). The assistant keeps no KV, so ``update`` and ``a
 
 from __future__ import annotations
 
-import itertools
-
 import torch
 
 from outpace.cache.block_pool import BlockPool
@@ -73,7 +71,7 @@ class Gemma4AssistantProposer(Proposer):
     def absorb(self, prefill: PrefillRows) -> None:
         # [2, chunks]: each request's row, its last row in the prefill
         indices, last = to_device(
-            [prefill.req_indices, [end - 1 for end in itertools.accumulate(prefill.counts)]],
+            [prefill.req_indices, prefill.last_rows],
             self.device,
         )
         self.last_hidden[indices] = prefill.hidden_states[prefill.rows[last]].to(
