@@ -42,6 +42,21 @@ same costs) temperature 0.8 479.4 / 503.2 / 516.7 / 518.0 -> 481.8 / 506.0 / 516
 its start no request's own counts accrue, so the batch never learns that its slowest request is faster than the
 typical slowest of its size: losses at batch 32 became plain decoding's time, gains of 1-2.4% at batch 8 were lost.
 
+Tried and not taken (2026-12-06): plain steps that observe n-gram's first draft. A host twin of the device matching
+(the latest earlier occurrence of the longest suffix, one dictionary of windows a suffix length) gives the draft a
+plain step would have verified; the step's token equals it with the probability a verify accepts it, so each plain
+step (and each prompt's first token) counted one first draft verified per request, the first depth's counts alone
+decaying, and no chain probe followed plain decoding. Simulated at ``NGRAM``'s costs, 128 tokens, after 2 untimed
+batches, 40 runs of 2 timed batches, the same seeds; first-draft rate's mean / spread (later depths 0.6, 0.7, 0.7
+behind 0.3 and 0.15, 0.8, 0.85, 0.85 behind 0.6), ms a closed batch without / every request observed at each plain
+step / 4 requests a plain step in turn: 0.3 / 0: 689.5 / 680.6 / 680.3; 0.3 / 0.1: 801.8 / 786.0 / 801.6; 0.3 / 0.2:
+818.3 / 817.8 / 818.2; 0.3 / 0.3: 819.7 / 818.6 / 819.2; 0.15 / 0.2: 813.8 / 813.8 / 814.2; 0.6 / 0.1: 483.7 / 477.2
+/ 475.5; 0.6 / 0.2: 659.4 / 636.3 / 640.9; 0.6 / 0.3: 787.1 / 796.0 / 786.7 (plain decoding 811.5). It gained where
+drafts pay but left the loss where rates spread widely around a low mean (0.8% over plain decoding at 0.3 / 0.2-0.3,
+bench e2e's n-gram at temperature 0.8), and the twin cost the host 2.6 us a request a plain step and about three
+dictionary entries a token of history (hybrid targets, never run ahead, wait for a plain step's host work). The
+newcomers' rule above on top of it (a batch it held plain now learned in its plain steps): 0.6 / 0.3 796.6 ms.
+
     PYTHONPATH=. python benchmarks/scripts/closed_batch_spread.py [--greedy | --ngram] [--runs 200] [--tokens 64]
         [--spreads 0 0.1 0.2 0.3] [--before 1] [--timed 1]
 """
