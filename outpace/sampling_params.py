@@ -98,6 +98,11 @@ class SamplingParams:
 
     temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k; ``top_p`` 1 and ``min_p`` 0
     disable theirs. ``max_tokens`` counts generated tokens. ``seed`` -1 means no seed (as in vLLM).
+    ``min_tokens``: no end-of-sequence id (the model's, ``ignore_eos`` or not, as vLLM's
+    ``_all_stop_token_ids``) nor ``stop_token_ids`` is sampled before that many output tokens (their logits are
+    -inf there), and a ``stop`` string counts only where it ends in text of the tokens after them (vLLM's
+    detokenizer checks stop strings once the output holds more than ``min_tokens`` tokens).
+    ``include_stop_str_in_output``: a matched ``stop`` string stays at the end of the text.
 
     ``n`` completions are returned per prompt, the best ``n`` of ``best_of`` sampled ones by cumulative
     log-probability (``LLM.generate`` fans them out; an engine request is one sequence).
@@ -124,7 +129,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     max_tokens: int = 16
+    min_tokens: int = 0
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
@@ -204,6 +211,20 @@ class SamplingParams:
         require_positive_int(o, "max_tokens", self.max_tokens)
         require(
             o,
+            "min_tokens",
+            self.min_tokens,
+            is_int64(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+            f"an integer in [0, max_tokens={self.max_tokens}]",
+        )
+        require(
+            o,
+            "include_stop_str_in_output",
+            self.include_stop_str_in_output,
+            isinstance(self.include_stop_str_in_output, bool),
+            "a bool",
+        )
+        require(
+            o,
             "stop",
             self.stop,
             all(isinstance(s, str) and s for s in self.stop),
@@ -249,6 +270,13 @@ class SamplingParams:
                 not self.ignore_eos,
                 "False with structured_outputs (the grammar ends with an end-of-sequence token)",
             )
+            require(
+                o,
+                "min_tokens",
+                self.min_tokens,
+                self.min_tokens == 0,
+                "0 with structured_outputs (the grammar decides where the output ends)",
+            )
 
     @property
     def greedy(self) -> bool:
@@ -256,9 +284,10 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether the logits are changed before sampling (penalties or logit_bias)."""
+        """Whether the logits are changed before sampling (penalties, logit_bias or min_tokens)."""
         return (
             bool(self.logit_bias)
+            or self.min_tokens > 0
             or self.presence_penalty != 0
             or self.frequency_penalty != 0
             or self.repetition_penalty != 1

@@ -242,7 +242,7 @@ class DecodeStep:
                 drafts.parents, drafts.token_ids, predict, shape.num_steps
             )
         raw = self.model.compute_logits(hidden).view(b, n, -1)  # [b, n, vocab]
-        logits = self._processed(key, raw, drafts, tree_mask, token_masks)  # [b, n, vocab]
+        logits = self._processed(key, rows, raw, drafts, tree_mask, token_masks)  # [b, n, vocab]
         keys = None if key.mode.greedy else rows.keys(0, VERIFY)  # greedy draws nothing
         gumbel = _node_gumbel(rows, drafts.depths, shape, logits.shape[-1])  # [b, n, vocab] or None
         if shape.is_chain:
@@ -263,6 +263,7 @@ class DecodeStep:
     def _processed(
         self,
         key: StepKey,
+        rows: DecodeRows,
         logits: torch.Tensor,
         drafts: Drafts,
         tree_mask: torch.Tensor | None,
@@ -276,8 +277,10 @@ class DecodeStep:
                 if tree_mask is not None
                 else ancestor_mask(drafts.parents, key.shape.num_steps)
             )
+            # [b, n]: the positions of the tokens the nodes decide
+            positions = rows.lengths[:, None] + 1 + drafts.depths
             logits = self.req_table.penalties(self.batch_indices[: key.bucket]).apply(
-                logits, drafts.token_ids, ancestors
+                logits, positions, drafts.token_ids, ancestors
             )
         if key.features.grammar:
             logits = apply_token_bitmask(logits, token_masks(drafts))

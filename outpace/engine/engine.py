@@ -168,6 +168,7 @@ class LLMEngine:
             self.grammars,
             config.batch_invariant,
             state_dtype=dtype,
+            eos_token_ids=tuple(sorted(self.eos_token_ids)),
         )
         decode_tokens = shapes[-1].num_nodes
         check_decode_fits_a_batch(config, decode_tokens)
@@ -323,11 +324,13 @@ class LLMEngine:
                 f"SamplingParams n={p.n}, best_of={p.best_of}: an engine request is one sequence; "
                 "LLM.generate (and the server) fan n and best_of out"
             )
-        bad = [t for t in (p.logit_bias or {}) if t >= self.model_config.vocab_size]
-        if bad:
-            raise ValueError(
-                f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
-            )
+        vocab = self.model_config.vocab_size
+        for name, ids in (("logit_bias", p.logit_bias or {}), ("stop_token_ids", p.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise ValueError(
+                    f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+                )
         self.grammars.check(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
@@ -496,19 +499,19 @@ class LLMEngine:
         if token in p.stop_token_ids:
             req.finish_reason, req.stop_reason = "stop", token
             return True
+        num_tokens = len(req.token_ids)  # (num_tokens; less the prompt's, num_output_tokens)
+        num_output = num_tokens - len(req.prompt_token_ids)
         if p.stop and self.tokenizer is not None:
             self._detokenize_so_far(req)
-            for s in p.stop:
-                at = req.text.find(s)
+            if num_output <= p.min_tokens:  # (vLLM: stop strings count once the output is longer)
+                req.stop_search_from = len(req.text)
+            for s in p.stop if num_output > p.min_tokens else ():
+                at = req.text.find(s, max(0, req.stop_search_from - len(s) + 1))
                 if at >= 0:
-                    req.text = req.text[:at]
+                    req.text = req.text[: at + len(s) if p.include_stop_str_in_output else at]
                     req.finish_reason, req.stop_reason = "stop", s
                     return True
-        num_tokens = len(req.token_ids)  # (num_tokens; less the prompt's, num_output_tokens)
-        if (
-            num_tokens - len(req.prompt_token_ids) >= p.max_tokens
-            or num_tokens >= self.max_model_len
-        ):
+        if num_output >= p.max_tokens or num_tokens >= self.max_model_len:
             req.finish_reason = "length"
             return True
         return False

@@ -190,7 +190,8 @@ class PrefillStep:
                 if r.params.penalized:
                     self.req_table.load_history(r, r.num_tokens)
             rows = to_device(req_indices, self.device)
-            logits = self.req_table.penalties(rows).apply(logits[:, None, :])[:, 0]
+            positions = to_device([[r.num_tokens] for r in reqs], self.device)  # [n, 1]
+            logits = self.req_table.penalties(rows).apply(logits[:, None, :], positions)[:, 0]
         if features.grammar:
             no_drafts = torch.zeros(len(reqs), 1, dtype=torch.int64)
             masks = self.grammars.tree_masks(reqs, no_drafts, no_drafts - 1).to(

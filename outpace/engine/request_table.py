@@ -13,7 +13,10 @@ nothing from the host but new block-table entries:
 - its penalties (repetition, frequency, presence) and, allocated on first use, the vocabulary-wide
   rows that penalties and ``logit_bias`` read: ``logit_bias`` [table_rows, V], ``prompt_mask`` [table_rows, V]
   and ``output_counts`` [table_rows, V] (the output tokens before position L; a step counts node 0 and the
-  drafts on each node's path itself, then adds what it committed: layers/logits_processing.py),
+  drafts on each node's path itself, then adds what it committed: layers/logits_processing.py), and for
+  ``min_tokens`` ``stop_mask`` [table_rows, V] (its stop ids: ``stop_token_ids`` and ``eos_token_ids``) with
+  ``min_end`` [table_rows] (the position of its output token number min_tokens, counting from 0: the stop
+  ids are banned before it),
 - its block table, a row of ``tables`` [table_rows, max_blocks], mirrored in (pinned) host memory and
   copied incrementally: a request's table only grows while it lives.
 The last row, ``padding_index``, belongs to no request: padded rows of a captured batch use it;
@@ -42,8 +45,12 @@ class RequestTable:
         max_blocks: int,
         device: torch.device | str,
         vocab_size: int,
+        eos_token_ids: Sequence[int] = (),
     ) -> None:
+        """``eos_token_ids``: the model's end-of-sequence ids, which ``min_tokens`` bans with a request's
+        ``stop_token_ids``."""
         self.pool, self.device, self.vocab_size = pool, torch.device(device), vocab_size
+        self.eos_token_ids = tuple(t for t in eos_token_ids if t < vocab_size)
         self.padding_index = max_seqs
         n = max_seqs + 1
         on_gpu = self.device.type == "cuda"
@@ -67,6 +74,8 @@ class RequestTable:
         )
         self.prompt_mask: torch.Tensor | None = None  # [table_rows, V] bool
         self.output_counts: torch.Tensor | None = None  # [table_rows, V] int32
+        self.stop_mask: torch.Tensor | None = None  # [table_rows, V] bool
+        self.min_end = torch.zeros(n, dtype=torch.int64, device=self.device)
         self._biased: set[int] = set()  # indices whose logit_bias row is not zero
         self._unloaded: set[int] = (
             set()
@@ -180,6 +189,7 @@ class RequestTable:
             (self.repetition_penalty, [p.repetition_penalty for p in params]),
             (self.frequency_penalty, [p.frequency_penalty for p in params]),
             (self.presence_penalty, [p.presence_penalty for p in params]),
+            (self.min_end, [r.num_prompt_tokens + r.params.min_tokens for r in reqs]),
         ):
             buffer[index] = to_device(values, self.device, buffer.dtype)
         for s, p in zip(indices, params):
@@ -195,6 +205,10 @@ class RequestTable:
                     list(p.logit_bias.values()), self.device, torch.float32
                 )
                 self._biased.add(s)
+            if p.min_tokens:
+                stops = to_device([*self.eos_token_ids, *p.stop_token_ids], self.device)
+                self.stop_mask[s] = False
+                self.stop_mask[s, stops] = True
 
     def _allocate_penalty_rows(self) -> None:
         if self.logit_bias is None:
@@ -202,6 +216,7 @@ class RequestTable:
             self.logit_bias = torch.zeros(n, v, dtype=torch.float32, device=self.device)
             self.prompt_mask = torch.zeros(n, v, dtype=torch.bool, device=self.device)
             self.output_counts = torch.zeros(n, v, dtype=torch.int32, device=self.device)
+            self.stop_mask = torch.zeros(n, v, dtype=torch.bool, device=self.device)
 
     def load_history(self, req: Request, length: int) -> None:
         """Before a penalized request's first sampling in this row: its prompt's tokens and the counts of its
@@ -231,6 +246,8 @@ class RequestTable:
             self.logit_bias[indices],
             self.prompt_mask[indices],
             self.output_counts[indices],
+            self.min_end[indices],
+            self.stop_mask[indices],
         )
 
     def release(self, request_id: str) -> None:

@@ -70,6 +70,7 @@ class ModelRunner:
         grammars: GrammarTable | None = None,
         batch_invariant: bool = False,
         state_dtype: torch.dtype | None = None,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         """``kv_dtype``: the target's paged cache (float8_e4m3fn: an FP8 cache, attention/kv_quant.py);
         ``state_dtype``: hybrid models' recurrent state where a layer declares none (None: ``kv_dtype``),
@@ -78,7 +79,8 @@ class ModelRunner:
         what it may draft: one shape (fixed), or several, chosen step by step by ``choosers`` (one per
         sampling mode, speculative/adaptive.py); ``grammars``: the structured-output table; ``max_rows``:
         the KV rows a request may reach (its block-table row covers them); ``batch_invariant``: every
-        forward in deterministic mode (a forward-context setting, attention/context.py)."""
+        forward in deterministic mode (a forward-context setting, attention/context.py); ``eos_token_ids``: the
+        model's end-of-sequence ids, which a request's ``min_tokens`` bans (engine/request_table.py)."""
         self.model, self.pool, self.proposer, self.grammars = model, pool, proposer, grammars
         self.device = torch.device(device)
         self.batch_invariant = batch_invariant
@@ -86,7 +88,12 @@ class ModelRunner:
         # NOTE: only the decoder stack: MTP layers belong to the MTP proposer, which binds their KV.
         self.kv_caches = bind_kv_cache(model.model, pool, kv_dtype, device)
         self.req_table = RequestTable(
-            pool, max_seqs, pool.blocks_needed(max_rows), self.device, model.config.vocab_size
+            pool,
+            max_seqs,
+            pool.blocks_needed(max_rows),
+            self.device,
+            model.config.vocab_size,
+            eos_token_ids,
         )
         # hybrid models: each request's recurrent state, with a snapshot row per verified node
         self.states = RecurrentStates(

@@ -1,8 +1,9 @@
 """What happens to the target's logits before they are sampled or verified, and the log-probabilities
 reported for the tokens committed.
 
-Order (vLLM v1's sampler): ``logit_bias`` is added, then the penalties, then the grammar's mask; the
-result is what temperature and the truncation filters (layers/sampler.py) then process. Every
+Order (vLLM v1's sampler): ``logit_bias`` is added, then the penalties, then ``min_tokens``' ban of the stop
+ids, then the grammar's mask; the result is what temperature and the truncation filters (layers/sampler.py)
+then process. Every
 function here works on a block of verified positions at once, ``[b, n, V]`` (n = 1 for a single
 position), with no host sync, so a decode step can apply them at every verified node.
 
@@ -12,7 +13,9 @@ Penalties as vLLM defines them (vllm/model_executor/layers/utils.py ``apply_pena
 - ``frequency_penalty`` f: ``f * count`` is subtracted, count = the token's occurrences in the output;
 - ``presence_penalty`` p: ``p`` is subtracted once from every token present in the output.
 At a verified node the output is the committed output plus the drafts on the node's path, as if that
-draft prefix had been committed (``node_counts``).
+draft prefix had been committed (``node_counts``). ``min_tokens`` (vLLM's ``MinTokensLogitsProcessor``): a
+request's stop ids (its ``stop_token_ids`` and the model's end-of-sequence ids) get -inf at every position before
+its ``min_tokens``-th output token, a verified node's position being that of the token it decides.
 
 Log-probabilities are the target's *raw* ones: log-softmax of the logits before any of the above
 (vLLM's default ``logprobs_mode="raw_logprobs"``), so they do not depend on the request's sampling
@@ -56,6 +59,8 @@ class Penalties:
     logit_bias  # [b, V] float32, added as it is
     prompt_mask # [b, V] bool: the token occurs in the prompt
     counts      # [b, V] int32: the token's occurrences among the output tokens before the first position
+    min_end     # [b] int64: the position of the min_tokens-th output token; before it the stop ids are banned
+    stop_mask   # [b, V] bool: the stop ids min_tokens bans
     """
 
     repetition: Tensor
@@ -64,13 +69,20 @@ class Penalties:
     logit_bias: Tensor
     prompt_mask: Tensor
     counts: Tensor
+    min_end: Tensor
+    stop_mask: Tensor
 
     def apply(
-        self, logits: Tensor, node_tokens: Tensor | None = None, ancestors: Tensor | None = None
+        self,
+        logits: Tensor,
+        positions: Tensor,
+        node_tokens: Tensor | None = None,
+        ancestors: Tensor | None = None,
     ) -> Tensor:
-        """Biased and penalized ``logits`` [b, n, V] -> float32 [b, n, V]. With ``node_tokens`` [b, n] and
-        ``ancestors`` [b, n, n] (node u's path: itself and its ancestors, node 0 included) node u counts the
-        tokens on its path as output too (``node_counts``); without them every position reads ``counts``."""
+        """Biased and penalized ``logits`` [b, n, V] -> float32 [b, n, V], ``positions`` [b, n] the position of
+        the token each decides. With ``node_tokens`` [b, n] and ``ancestors`` [b, n, n] (node u's path: itself and
+        its ancestors, node 0 included) node u counts the tokens on its path as output too (``node_counts``);
+        without them every position reads ``counts``."""
         b, n, _ = logits.shape
         counts = (
             self.counts[:, None, :].float()
@@ -82,7 +94,9 @@ class Penalties:
         rep = self.repetition[:, None, None]  # [b, 1, 1]
         logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
         logits = logits - self.frequency[:, None, None] * counts
-        return logits - self.presence[:, None, None] * (counts > 0).float()
+        logits = logits - self.presence[:, None, None] * (counts > 0).float()
+        banned = (positions < self.min_end[:, None])[:, :, None] & self.stop_mask[:, None, :]
+        return logits.masked_fill(banned, float("-inf"))
 
 
 def node_counts(counts: Tensor, node_tokens: Tensor, ancestors: Tensor) -> Tensor:

@@ -1,9 +1,9 @@
 """OpenAI request bodies (pydantic) read as vLLM reads them, and the OpenAI error shape.
 
 Field names follow OpenAI's API; ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``, ``structured_outputs`` (and the older ``guided_json``, ``guided_regex``,
-``guided_choice``, ``guided_grammar``), ``add_special_tokens`` and ``add_generation_prompt`` are
-vLLM's extensions. Values are read as vLLM reads them, in pydantic's lax mode ("5" and 5.0 are 5,
+``ignore_eos``, ``min_tokens``, ``include_stop_str_in_output``, ``structured_outputs`` (and the older
+``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``), ``add_special_tokens`` and
+``add_generation_prompt`` are vLLM's extensions. Values are read as vLLM reads them, in pydantic's lax mode ("5" and 5.0 are 5,
 "true" is true), never NaN or infinity; token ids must be integers. Every failure is a 400 naming
 its field.
 
@@ -27,8 +27,6 @@ UNSEEDED = -1  # vLLM's seed meaning "no seed" (its SamplingParams turns -1 into
 
 # vLLM fields outpace does not implement, accepted at the value that asks for nothing (vLLM's default).
 NEUTRAL: dict[str, Any] = {
-    "min_tokens": 0,
-    "include_stop_str_in_output": False,
     "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
     "use_beam_search": False,
@@ -119,6 +117,8 @@ class SamplingFields(_Body):
     stop: Any = Field(default_factory=list)  # str | list[str], normalized to a list below
     stop_token_ids: Annotated[list[TokenId], Field(max_length=256)] | None = None
     ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    include_stop_str_in_output: bool = False
     seed: Annotated[int, Field(ge=UNSEEDED, le=MAX_SEED)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None

@@ -137,6 +137,8 @@ class RequestInputs:
                 stop_token_ids=tuple(body.stop_token_ids or ()),
                 seed=body.engine_seed,
                 ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens,
+                include_stop_str_in_output=body.include_stop_str_in_output,
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=body.repetition_penalty or 1.0,

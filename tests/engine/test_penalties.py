@@ -84,6 +84,8 @@ def test_penalties_match_vllms_formulas():
     prompt[0, 5] = prompt[1, 2] = True
     bias = torch.zeros(2, 10)
     bias[1, 4] = 2.5
+    stops = torch.zeros(2, 10, dtype=torch.bool)
+    stops[0, [7, 9]] = stops[1, 7] = True
     pen = Penalties(
         torch.tensor([1.5, 0.7]),
         torch.tensor([0.3, -0.2]),
@@ -91,16 +93,25 @@ def test_penalties_match_vllms_formulas():
         bias,
         prompt,
         counts,
+        torch.tensor(
+            [12, 20]
+        ),  # min_end: row 0's stops banned before position 12, row 1's before 20
+        stops,
     )
-    got = pen.apply(logits)
+    positions = torch.tensor([[10, 11, 12], [20, 21, 22]])
+    got = pen.apply(logits, positions)
     for s in range(
         2
-    ):  # vLLM: bias, then repetition on prompt | output, then frequency, then presence
+    ):  # vLLM: bias, then repetition on prompt | output, then frequency, then presence, then min_tokens
         x = logits[s] + bias[s]
         seen = prompt[s] | (counts[s] > 0)
         r = pen.repetition[s]
         x = torch.where(seen, torch.where(x > 0, x / r, x * r), x)
         x = x - pen.frequency[s] * counts[s] - pen.presence[s] * (counts[s] > 0)
+        if (
+            s == 0
+        ):  # nodes 0 and 1 decide positions 10 and 11, before the min_tokens-th output token
+            x[:2, [7, 9]] = float("-inf")
         torch.testing.assert_close(got[s], x)
 
 

@@ -201,7 +201,7 @@ def test_guided_fields_constrain_as_structured_outputs(http, guided, structured,
     "extra,param",
     [
         ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
-        ({"min_tokens": 3}, "min_tokens"),
+        ({"use_beam_search": True}, "use_beam_search"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"frobnicate": True}, "frobnicate"),
         (
@@ -282,6 +282,25 @@ def test_values_as_vllm_reads_them(http):
     post(http, "/v1/completions", {"prompt": "x", "max_tokens": 2, "temperature": 1, "seed": -1})
     for bad in ({"max_tokens": 2.5}, {"max_tokens": "five"}, {"stream": "maybe"}, {"seed": -2}):
         assert refused(http, "/v1/completions", {"prompt": "x", **bad})["param"] == next(iter(bad))
+
+
+def test_min_tokens_and_stop_strings_kept_as_vllm_reads_them(http, llm):
+    """``min_tokens`` holds back the end of sequence a bias favours (and is refused past ``max_tokens``, by name);
+    ``include_stop_str_in_output`` keeps the stop string the offline API finds."""
+    eos = llm.engine.model_config.eos_token_ids[0]
+    body = {"prompt": "def f(x):", "max_tokens": 12, "temperature": 0, "logit_bias": {str(eos): 60}}
+    assert post(http, "/v1/completions", body)["usage"]["completion_tokens"] == 1
+    held = post(http, "/v1/completions", {**body, "min_tokens": 5})
+    assert held["usage"]["completion_tokens"] == 6 and held["choices"][0]["finish_reason"] == "stop"
+    err = refused(http, "/v1/completions", {**body, "min_tokens": 13})
+    assert err["param"] == "min_tokens" and "max_tokens=12" in err["message"]
+    plain = {"prompt": "def f(x):", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    text = post(http, "/v1/completions", plain)["choices"][0]["text"]
+    stop = next(c for c in text if c.strip())
+    kept = post(
+        http, "/v1/completions", {**plain, "stop": [stop], "include_stop_str_in_output": True}
+    )
+    assert kept["choices"][0]["text"] == text[: text.index(stop) + 1]
 
 
 def test_version_tokenize_detokenize(http, llm):

@@ -1,0 +1,124 @@
+"""``min_tokens`` and ``include_stop_str_in_output`` (vLLM's SamplingParams): no end-of-sequence id nor stop token id
+is sampled before a request's min_tokens-th output token (the prompt's first token included: the prefill samples
+it), the same with and without speculation, for every drafter; a stop string counts only where it ends past the
+text of those tokens, and stays in the text when asked."""
+
+import pytest
+
+from helpers.zoo_drafters import TEST_DEVICE as DEVICE
+from helpers.zoo_drafters import zoo_drafters
+from outpace import LLM, SamplingParams
+from outpace.config import SpeculativeConfig
+from outpace.sampling_params import StructuredOutputsParams
+from outpace.validation import ConfigError
+
+DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "class Stack:\n    def push(self, x):\n",
+    "import os\n\nfor name in ",
+]
+EOS = 0  # zoo/tinypy's eos_token_id
+
+
+def _llm(spec: SpeculativeConfig | None = None) -> LLM:
+    return LLM(
+        "zoo/tinypy",
+        device=DEVICE,
+        dtype="float32",
+        num_kv_blocks=256,
+        max_num_seqs=8,
+        speculative=spec or SpeculativeConfig(),
+    )
+
+
+@pytest.fixture(scope="module")
+def plain_llm() -> LLM:
+    return _llm()
+
+
+@pytest.fixture(scope="module")
+def unbounded(plain_llm) -> list[list[int]]:
+    """Each prompt's greedy output without stops."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return [o.token_ids for o in plain_llm.generate(PROMPTS, params)]
+
+
+def _params(unbounded: list[list[int]], min_tokens: int) -> list[SamplingParams]:
+    """Per prompt: its greedy output's second token as a stop token, and the end-of-sequence id pushed to the top
+    by a bias (without min_tokens the output would end at once)."""
+    return [
+        SamplingParams(
+            temperature=0,
+            max_tokens=24,
+            min_tokens=min_tokens,
+            stop_token_ids=(out[1],),
+            logit_bias={EOS: 60.0},
+        )
+        for out in unbounded
+    ]
+
+
+def test_stop_ids_are_banned_until_min_tokens(plain_llm, unbounded):
+    ended = plain_llm.generate(PROMPTS, _params(unbounded, 0))
+    assert all(o.token_ids == [EOS] for o in ended)  # the prefill's token: end of sequence
+    one = plain_llm.generate(PROMPTS, _params(unbounded, 1))  # the prefill's token is banned
+    assert all(len(o.token_ids) == 2 and o.token_ids[1] == EOS for o in one)
+    outs = plain_llm.generate(PROMPTS, _params(unbounded, 6))
+    for o, free in zip(outs, unbounded):
+        # six tokens, neither the end of sequence nor the stop id, then the end of sequence the bias favours
+        assert len(o.token_ids) == 7 and o.token_ids[6] == EOS, o.token_ids
+        assert EOS not in o.token_ids[:6] and free[1] not in o.token_ids[:6]
+        assert o.finish_reason == "stop" and o.stop_reason is None
+    assert not plain_llm.engine.has_unfinished_requests
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_min_tokens_output_equal_with_and_without_speculation(plain_llm, unbounded, drafter):
+    """A weaker bias: the end of sequence competes with the other tokens once min_tokens allows it."""
+    params = [p.replace(logit_bias={EOS: 12.0}) for p in _params(unbounded, 9)]
+    want = [o.token_ids for o in plain_llm.generate(PROMPTS, params)]
+    assert all(len(t) > 9 for t in want)
+    outs = _llm(DRAFTERS[drafter]).generate(PROMPTS, params)
+    assert [o.token_ids for o in outs] == want
+
+
+def test_stop_strings_count_past_min_tokens_and_may_stay_in_the_text(plain_llm):
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    out = plain_llm.generate(PROMPTS[0], params)[0]
+    text, decode = out.text, plain_llm.tokenizer.decode
+    prefixes = [decode(out.token_ids[:k]) for k in range(len(out.token_ids) + 1)]
+
+    def first_tokens(c: str) -> int:  # the output tokens whose text first holds c
+        return next(k for k, t in enumerate(prefixes) if c in t)
+
+    # a character that the output's first third holds, and again past the tokens that first hold it
+    stop = next(
+        c
+        for c in text[: len(text) // 3]
+        if c.strip() and text.find(c, len(prefixes[first_tokens(c)])) >= 0
+    )
+    cut = plain_llm.generate(PROMPTS[0], params.replace(stop=(stop,)))[0]
+    assert cut.text == text[: text.index(stop)] and cut.stop_reason == stop
+    kept = plain_llm.generate(
+        PROMPTS[0], params.replace(stop=(stop,), include_stop_str_in_output=True)
+    )[0]
+    assert kept.text == text[: text.index(stop) + 1]
+    k = first_tokens(stop)
+    late = plain_llm.generate(PROMPTS[0], params.replace(stop=(stop,), min_tokens=k))[0]
+    assert late.text == text[: text.index(stop, len(prefixes[k]))]
+    assert late.finish_reason == "stop" and late.stop_reason == stop
+
+
+def test_bad_min_tokens_is_refused_by_name(plain_llm):
+    with pytest.raises(ConfigError, match=r"SamplingParams.min_tokens=9 is invalid"):
+        SamplingParams(max_tokens=8, min_tokens=9)
+    with pytest.raises(ConfigError, match=r"SamplingParams.min_tokens=-1 is invalid"):
+        SamplingParams(min_tokens=-1)
+    with pytest.raises(
+        ConfigError, match=r"SamplingParams.min_tokens=2 is invalid: must be 0 with"
+    ):
+        SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+"))
+    with pytest.raises(ValueError, match=r"stop_token_ids token ids \[9999\] are outside"):
+        plain_llm.generate("x", SamplingParams(min_tokens=1, stop_token_ids=(9999,)))
+    assert not plain_llm.engine.has_unfinished_requests
