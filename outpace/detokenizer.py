@@ -32,19 +32,22 @@ def streaming_backend(tokenizer):
     return getattr(tokenizer, "backend_tokenizer", None)
 
 
-def update_text(tokenizer, ids: list[int], state: DetokenizerState) -> str:
-    """Bring ``state.text`` up to ``ids`` (the output so far) and return it."""
+def update_text(
+    tokenizer, ids: list[int], state: DetokenizerState, skip_special_tokens: bool = True
+) -> str:
+    """Bring ``state.text`` up to ``ids`` (the output so far) and return it (special tokens left out unless
+    ``skip_special_tokens`` is False)."""
     backend = streaming_backend(tokenizer)
     if backend is not None:
         if state.stream is None:
-            state.stream = DecodeStream(skip_special_tokens=True)
+            state.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         if len(ids) > state.read_offset:
             chunk = state.stream.step(backend, ids[state.read_offset :])
             state.read_offset = len(ids)
             if chunk:
                 state.text += chunk
         return state.text
-    decode = lambda part: tokenizer.decode(part, skip_special_tokens=True)  # noqa: E731
+    decode = lambda part: tokenizer.decode(part, skip_special_tokens=skip_special_tokens)  # noqa: E731
     seen = decode(ids[state.prefix_offset : state.read_offset])
     current = decode(ids[state.prefix_offset :])
     if len(current) > len(seen) and not current.endswith("\ufffd"):

@@ -103,6 +103,7 @@ class SamplingParams:
     -inf there), and a ``stop`` string counts only where it ends in text of the tokens after them (vLLM's
     detokenizer checks stop strings once the output holds more than ``min_tokens`` tokens).
     ``include_stop_str_in_output``: a matched ``stop`` string stays at the end of the text.
+    ``skip_special_tokens``: special tokens are left out of the text (False: decoded like any other).
 
     ``n`` completions are returned per prompt, the best ``n`` of ``best_of`` sampled ones by cumulative
     log-probability (``LLM.generate`` fans them out; an engine request is one sequence).
@@ -132,6 +133,7 @@ class SamplingParams:
     min_tokens: int = 0
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
@@ -216,13 +218,9 @@ class SamplingParams:
             is_int64(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             f"an integer in [0, max_tokens={self.max_tokens}]",
         )
-        require(
-            o,
-            "include_stop_str_in_output",
-            self.include_stop_str_in_output,
-            isinstance(self.include_stop_str_in_output, bool),
-            "a bool",
-        )
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            value = getattr(self, name)
+            require(o, name, value, isinstance(value, bool), "a bool")
         require(
             o,
             "stop",

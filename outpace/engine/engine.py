@@ -527,8 +527,15 @@ class LLMEngine:
 
     def _detokenize_so_far(self, req: Request) -> None:
         if self.tokenizer is not None:
-            req.text = update_text(self.tokenizer, req.output_token_ids, req.detokenizer)
+            req.text = update_text(
+                self.tokenizer,
+                req.output_token_ids,
+                req.detokenizer,
+                req.params.skip_special_tokens,
+            )
 
     def _detokenize(self, req: Request) -> None:
         if self.tokenizer is not None:
-            req.text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+            req.text = self.tokenizer.decode(
+                req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens
+            )

@@ -1,11 +1,11 @@
 """OpenAI request bodies (pydantic) read as vLLM reads them, and the OpenAI error shape.
 
 Field names follow OpenAI's API; ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
-``ignore_eos``, ``min_tokens``, ``include_stop_str_in_output``, ``structured_outputs`` (and the older
-``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``), ``add_special_tokens`` and
-``add_generation_prompt`` are vLLM's extensions. Values are read as vLLM reads them, in pydantic's lax mode ("5" and 5.0 are 5,
-"true" is true), never NaN or infinity; token ids must be integers. Every failure is a 400 naming
-its field.
+``ignore_eos``, ``min_tokens``, ``include_stop_str_in_output``, ``skip_special_tokens``,
+``structured_outputs`` (and the older ``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``), ``add_special_tokens`` and ``add_generation_prompt`` are vLLM's extensions. Values
+are read as vLLM reads them, in pydantic's lax mode ("5" and 5.0 are 5, "true" is true), never NaN or
+infinity; token ids must be integers. Every failure is a 400 naming its field.
 
 A field this server does not implement is refused by name, never ignored: a null value counts as
 absent, and a few vLLM fields are taken at the one value that asks for nothing more (``NEUTRAL``).
@@ -27,7 +27,6 @@ UNSEEDED = -1  # vLLM's seed meaning "no seed" (its SamplingParams turns -1 into
 
 # vLLM fields outpace does not implement, accepted at the value that asks for nothing (vLLM's default).
 NEUTRAL: dict[str, Any] = {
-    "skip_special_tokens": True,
     "spaces_between_special_tokens": True,
     "use_beam_search": False,
     "length_penalty": 1.0,
@@ -119,6 +118,7 @@ class SamplingFields(_Body):
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     seed: Annotated[int, Field(ge=UNSEEDED, le=MAX_SEED)] | None = None
     presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None

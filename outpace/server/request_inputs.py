@@ -139,6 +139,7 @@ class RequestInputs:
                 ignore_eos=body.ignore_eos,
                 min_tokens=body.min_tokens,
                 include_stop_str_in_output=body.include_stop_str_in_output,
+                skip_special_tokens=body.skip_special_tokens,
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=body.repetition_penalty or 1.0,

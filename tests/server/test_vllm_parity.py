@@ -284,9 +284,9 @@ def test_values_as_vllm_reads_them(http):
         assert refused(http, "/v1/completions", {"prompt": "x", **bad})["param"] == next(iter(bad))
 
 
-def test_min_tokens_and_stop_strings_kept_as_vllm_reads_them(http, llm):
+def test_min_tokens_stop_strings_kept_and_special_tokens_as_vllm_reads_them(http, llm):
     """``min_tokens`` holds back the end of sequence a bias favours (and is refused past ``max_tokens``, by name);
-    ``include_stop_str_in_output`` keeps the stop string the offline API finds."""
+    ``include_stop_str_in_output`` keeps the stop string; ``skip_special_tokens`` false shows special tokens."""
     eos = llm.engine.model_config.eos_token_ids[0]
     body = {"prompt": "def f(x):", "max_tokens": 12, "temperature": 0, "logit_bias": {str(eos): 60}}
     assert post(http, "/v1/completions", body)["usage"]["completion_tokens"] == 1
@@ -301,6 +301,10 @@ def test_min_tokens_and_stop_strings_kept_as_vllm_reads_them(http, llm):
         http, "/v1/completions", {**plain, "stop": [stop], "include_stop_str_in_output": True}
     )
     assert kept["choices"][0]["text"] == text[: text.index(stop) + 1]
+    special = {**plain, "max_tokens": 2, "logit_bias": {"5": 60}}  # zoo/tinypy's <|assistant|>
+    assert post(http, "/v1/completions", special)["choices"][0]["text"] == ""
+    shown = post(http, "/v1/completions", {**special, "skip_special_tokens": False})
+    assert shown["choices"][0]["text"] == "<|assistant|>" * 2
 
 
 def test_version_tokenize_detokenize(http, llm):

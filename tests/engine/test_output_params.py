@@ -1,7 +1,8 @@
-"""``min_tokens`` and ``include_stop_str_in_output`` (vLLM's SamplingParams): no end-of-sequence id nor stop token id
-is sampled before a request's min_tokens-th output token (the prompt's first token included: the prefill samples
-it), the same with and without speculation, for every drafter; a stop string counts only where it ends past the
-text of those tokens, and stays in the text when asked."""
+"""vLLM's ``min_tokens``, ``include_stop_str_in_output`` and ``skip_special_tokens``: no end-of-sequence id nor stop
+token id is sampled before a request's min_tokens-th output token (the prompt's first token included: the prefill
+samples it), the same with and without speculation, for every drafter; a stop string counts only where it ends
+past the text of those tokens, and stays in the text when asked; special tokens are decoded when asked, whole or
+incrementally."""
 
 import pytest
 
@@ -122,3 +123,21 @@ def test_bad_min_tokens_is_refused_by_name(plain_llm):
     with pytest.raises(ValueError, match=r"stop_token_ids token ids \[9999\] are outside"):
         plain_llm.generate("x", SamplingParams(min_tokens=1, stop_token_ids=(9999,)))
     assert not plain_llm.engine.has_unfinished_requests
+
+
+def test_special_tokens_are_decoded_when_asked(plain_llm):
+    assistant = 5  # zoo/tinypy's <|assistant|>, a special token, pushed into the output by a bias
+    params = SamplingParams(
+        temperature=0, max_tokens=6, ignore_eos=True, logit_bias={assistant: 60.0}
+    )
+    skipped = plain_llm.generate(PROMPTS[0], params)[0]
+    assert skipped.token_ids == [assistant] * 6 and skipped.text == ""
+    shown = plain_llm.generate(PROMPTS[0], params.replace(skip_special_tokens=False))[0]
+    assert shown.text == "<|assistant|>" * 6
+    # decoded step by step (stop strings are checked in the text as it grows): the special tokens are there
+    two = "<|assistant|>" * 2
+    stopped = plain_llm.generate(
+        PROMPTS[0],
+        params.replace(skip_special_tokens=False, stop=(two,), include_stop_str_in_output=True),
+    )[0]
+    assert stopped.text == two and stopped.stop_reason == two
