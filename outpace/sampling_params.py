@@ -111,7 +111,8 @@ class SamplingParams:
     committed): ``repetition_penalty`` divides positive logits (multiplies negative ones) of tokens
     seen in the prompt or the output; ``frequency_penalty`` subtracts itself times a token's count in
     the output, ``presence_penalty`` itself once per token present in it. ``logit_bias`` adds to
-    given token ids' logits (before the penalties, as vLLM orders them).
+    given token ids' logits (before the penalties, as vLLM orders them); ``allowed_token_ids``: every other
+    token's logit is -inf.
     ``logprobs`` k: each output token's log-probability, its rank and the k most likely tokens';
     ``prompt_logprobs`` k: the same for every prompt token but the first (offline API). They are the
     target's raw log-probabilities (log-softmax of the logits before any processing: vLLM's default
@@ -129,6 +130,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
     max_tokens: int = 16
     min_tokens: int = 0
     stop: tuple[str, ...] = ()
@@ -210,6 +212,16 @@ class SamplingParams:
             object.__setattr__(
                 self, "logit_bias", {int(t): float(b) for t, b in self.logit_bias.items()} or None
             )
+        if self.allowed_token_ids is not None:
+            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+            require(
+                o,
+                "allowed_token_ids",
+                self.allowed_token_ids,
+                bool(self.allowed_token_ids)
+                and all(is_int64(t) and t >= 0 for t in self.allowed_token_ids),
+                "None or a non-empty list of non-negative integers (int64)",
+            )
         require_positive_int(o, "max_tokens", self.max_tokens)
         require(
             o,
@@ -275,6 +287,13 @@ class SamplingParams:
                 self.min_tokens == 0,
                 "0 with structured_outputs (the grammar decides where the output ends)",
             )
+            require(
+                o,
+                "allowed_token_ids",
+                self.allowed_token_ids,
+                self.allowed_token_ids is None,
+                "None with structured_outputs (the grammar decides the tokens allowed)",
+            )
 
     @property
     def greedy(self) -> bool:
@@ -282,9 +301,11 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether the logits are changed before sampling (penalties, logit_bias or min_tokens)."""
+        """Whether the logits are changed before sampling (penalties, logit_bias, allowed_token_ids or
+        min_tokens)."""
         return (
             bool(self.logit_bias)
+            or self.allowed_token_ids is not None
             or self.min_tokens > 0
             or self.presence_penalty != 0
             or self.frequency_penalty != 0

@@ -325,12 +325,22 @@ class LLMEngine:
                 "LLM.generate (and the server) fan n and best_of out"
             )
         vocab = self.model_config.vocab_size
-        for name, ids in (("logit_bias", p.logit_bias or {}), ("stop_token_ids", p.stop_token_ids)):
+        for name, ids in (
+            ("logit_bias", p.logit_bias or {}),
+            ("stop_token_ids", p.stop_token_ids),
+            ("allowed_token_ids", p.allowed_token_ids or ()),
+        ):
             bad = [t for t in ids if t >= vocab]
             if bad:
                 raise ValueError(
                     f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
                 )
+        stops = self.eos_token_ids | set(p.stop_token_ids)
+        if p.min_tokens and p.allowed_token_ids and stops.issuperset(p.allowed_token_ids):
+            raise ValueError(
+                f"SamplingParams min_tokens={p.min_tokens} leaves no token to sample: every one of "
+                f"allowed_token_ids {list(p.allowed_token_ids)[:5]} is a stop token until then"
+            )
         self.grammars.check(req)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:

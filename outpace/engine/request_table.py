@@ -11,7 +11,8 @@ nothing from the host but new block-table entries:
 - its sampling parameters (temperature, top-k, top-p, min-p) and whether it is seeded (``seeded``: it samples
   by the Gumbel-max rule with noise of its seed and position alone, layers/sampler.py), one row per row,
 - its penalties (repetition, frequency, presence) and, allocated on first use, the vocabulary-wide
-  rows that penalties and ``logit_bias`` read: ``logit_bias`` [table_rows, V], ``prompt_mask`` [table_rows, V]
+  rows that penalties and ``logit_bias`` read: ``logit_bias`` [table_rows, V] (-inf at the tokens outside
+  ``allowed_token_ids``), ``prompt_mask`` [table_rows, V]
   and ``output_counts`` [table_rows, V] (the output tokens before position L; a step counts node 0 and the
   drafts on each node's path itself, then adds what it committed: layers/logits_processing.py), and for
   ``min_tokens`` ``stop_mask`` [table_rows, V] (its stop ids: ``stop_token_ids`` and ``eos_token_ids``) with
@@ -199,9 +200,13 @@ class RequestTable:
             if s in self._biased:
                 self.logit_bias[s].zero_()
                 self._biased.discard(s)
+            if p.allowed_token_ids is not None:  # every other token -inf, biased or not
+                self.logit_bias[s] = float("-inf")
+                self.logit_bias[s, to_device(list(p.allowed_token_ids), self.device)] = 0.0
+                self._biased.add(s)
             if p.logit_bias:
                 ids = to_device(list(p.logit_bias), self.device)
-                self.logit_bias[s, ids] = to_device(
+                self.logit_bias[s, ids] += to_device(
                     list(p.logit_bias.values()), self.device, torch.float32
                 )
                 self._biased.add(s)

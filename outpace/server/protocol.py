@@ -2,7 +2,7 @@
 
 Field names follow OpenAI's API; ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``,
 ``ignore_eos``, ``min_tokens``, ``include_stop_str_in_output``, ``skip_special_tokens``,
-``structured_outputs`` (and the older ``guided_json``, ``guided_regex``, ``guided_choice``,
+``allowed_token_ids``, ``structured_outputs`` (and the older ``guided_json``, ``guided_regex``, ``guided_choice``,
 ``guided_grammar``), ``add_special_tokens`` and ``add_generation_prompt`` are vLLM's extensions. Values
 are read as vLLM reads them, in pydantic's lax mode ("5" and 5.0 are 5, "true" is true), never NaN or
 infinity; token ids must be integers. Every failure is a 400 naming its field.
@@ -124,6 +124,7 @@ class SamplingFields(_Body):
     frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None
     response_format: dict[str, Any] | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: str | dict[str, Any] | None = None  # vLLM's older names for structured_outputs

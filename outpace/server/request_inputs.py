@@ -144,6 +144,7 @@ class RequestInputs:
                 frequency_penalty=body.frequency_penalty or 0.0,
                 repetition_penalty=body.repetition_penalty or 1.0,
                 logit_bias=body.logit_bias_ids(),
+                allowed_token_ids=body.allowed_token_ids,
                 logprobs=logprobs,
                 prompt_logprobs=body.prompt_logprobs if completion else None,
                 structured_outputs=body.constraint(),

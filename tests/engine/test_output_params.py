@@ -1,8 +1,8 @@
-"""vLLM's ``min_tokens``, ``include_stop_str_in_output`` and ``skip_special_tokens``: no end-of-sequence id nor stop
-token id is sampled before a request's min_tokens-th output token (the prompt's first token included: the prefill
-samples it), the same with and without speculation, for every drafter; a stop string counts only where it ends
-past the text of those tokens, and stays in the text when asked; special tokens are decoded when asked, whole or
-incrementally."""
+"""vLLM's ``min_tokens``, ``include_stop_str_in_output``, ``skip_special_tokens`` and ``allowed_token_ids``: no
+end-of-sequence id nor stop token id is sampled before a request's min_tokens-th output token (the prompt's first
+token included: the prefill samples it), the same with and without speculation, for every drafter; a stop string
+counts only where it ends past the text of those tokens, and stays in the text when asked; special tokens are
+decoded when asked, whole or incrementally; only allowed tokens are sampled, with and without speculation."""
 
 import pytest
 
@@ -111,6 +111,28 @@ def test_stop_strings_count_past_min_tokens_and_may_stay_in_the_text(plain_llm):
     assert late.finish_reason == "stop" and late.stop_reason == stop
 
 
+@pytest.mark.parametrize("drafter", ["eagle3-tree", "ngram"])
+def test_only_allowed_tokens_are_sampled(plain_llm, unbounded, drafter):
+    """Each request allowed a few tokens of its free output and two it would not choose (one biased up; a token
+    outside them biased far up): every token is one of them, the output differs from the free one, and speculation
+    does not change it."""
+    params = [
+        SamplingParams(
+            temperature=t,
+            seed=7,
+            max_tokens=16,
+            ignore_eos=True,
+            allowed_token_ids=(*free[2:5], 4000, 4001),
+            logit_bias={4001: 3.0, 4002: 50.0},  # 4002 not allowed: its bias does not let it in
+        )
+        for free, t in zip(unbounded, (0, 0, 0.8))
+    ]
+    want = [o.token_ids for o in plain_llm.generate(PROMPTS, params)]
+    for tokens, p, free in zip(want, params, unbounded):
+        assert set(tokens) <= set(p.allowed_token_ids) and tokens != free[:16]
+    assert [o.token_ids for o in _llm(DRAFTERS[drafter]).generate(PROMPTS, params)] == want
+
+
 def test_bad_min_tokens_is_refused_by_name(plain_llm):
     with pytest.raises(ConfigError, match=r"SamplingParams.min_tokens=9 is invalid"):
         SamplingParams(max_tokens=8, min_tokens=9)
@@ -122,6 +144,14 @@ def test_bad_min_tokens_is_refused_by_name(plain_llm):
         SamplingParams(min_tokens=2, structured_outputs=StructuredOutputsParams(regex="a+"))
     with pytest.raises(ValueError, match=r"stop_token_ids token ids \[9999\] are outside"):
         plain_llm.generate("x", SamplingParams(min_tokens=1, stop_token_ids=(9999,)))
+    with pytest.raises(ValueError, match=r"allowed_token_ids token ids \[9999\] are outside"):
+        plain_llm.generate("x", SamplingParams(allowed_token_ids=(3, 9999)))
+    with pytest.raises(ValueError, match=r"min_tokens=2 leaves no token to sample"):
+        plain_llm.generate(
+            "x", SamplingParams(min_tokens=2, allowed_token_ids=(EOS, 7), stop_token_ids=(7,))
+        )
+    with pytest.raises(ConfigError, match=r"SamplingParams.allowed_token_ids=\(\) is invalid"):
+        SamplingParams(allowed_token_ids=())
     assert not plain_llm.engine.has_unfinished_requests
 
 

@@ -286,7 +286,8 @@ def test_values_as_vllm_reads_them(http):
 
 def test_min_tokens_stop_strings_kept_and_special_tokens_as_vllm_reads_them(http, llm):
     """``min_tokens`` holds back the end of sequence a bias favours (and is refused past ``max_tokens``, by name);
-    ``include_stop_str_in_output`` keeps the stop string; ``skip_special_tokens`` false shows special tokens."""
+    ``include_stop_str_in_output`` keeps the stop string; ``skip_special_tokens`` false shows special tokens;
+    ``allowed_token_ids`` bounds the tokens sampled."""
     eos = llm.engine.model_config.eos_token_ids[0]
     body = {"prompt": "def f(x):", "max_tokens": 12, "temperature": 0, "logit_bias": {str(eos): 60}}
     assert post(http, "/v1/completions", body)["usage"]["completion_tokens"] == 1
@@ -305,6 +306,11 @@ def test_min_tokens_stop_strings_kept_and_special_tokens_as_vllm_reads_them(http
     assert post(http, "/v1/completions", special)["choices"][0]["text"] == ""
     shown = post(http, "/v1/completions", {**special, "skip_special_tokens": False})
     assert shown["choices"][0]["text"] == "<|assistant|>" * 2
+    allowed = post(http, "/v1/completions", {**plain, "allowed_token_ids": [40, 41], "logprobs": 1})
+    tokens = allowed["choices"][0]["logprobs"]["tokens"]
+    assert len(tokens) == 12 and set(tokens) <= {llm.tokenizer.decode([t]) for t in (40, 41)}
+    err = refused(http, "/v1/completions", {**plain, "allowed_token_ids": []})
+    assert err["param"] == "allowed_token_ids"
 
 
 def test_version_tokenize_detokenize(http, llm):
