@@ -7,13 +7,10 @@ import math
 import pytest
 import torch
 
-from helpers.zoo_drafters import TEST_DEVICE as DEVICE
-from helpers.zoo_drafters import zoo_drafters
-from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
+from helpers.zoo_drafters import zoo_drafters, zoo_llm
+from outpace import SamplingParams
 from outpace.validation import ConfigError
 
-ZOO = "zoo/"
 DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -23,20 +20,9 @@ PROMPTS = [
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3)
 
 
-def _llm(spec: SpeculativeConfig | None = None) -> LLM:
-    return LLM(
-        ZOO + "tinypy",
-        device=DEVICE,
-        dtype="float32",
-        num_kv_blocks=256,
-        max_num_seqs=8,
-        speculative=spec or SpeculativeConfig(),
-    )
-
-
 @pytest.fixture(scope="module")
 def plain():
-    llm = _llm()
+    llm = zoo_llm()
     return llm, llm.generate(PROMPTS, GREEDY)
 
 
@@ -56,7 +42,7 @@ def assert_same_logprobs(got, want, tol=1e-4):
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_greedy_logprobs_equal_with_and_without_speculation(plain, drafter):
     _, expected = plain
-    outs = _llm(DRAFTERS[drafter]).generate(PROMPTS, GREEDY)
+    outs = zoo_llm(DRAFTERS[drafter]).generate(PROMPTS, GREEDY)
     assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
     for out, ref in zip(outs, expected):
         assert out.token_ids == ref.token_ids
@@ -83,7 +69,7 @@ def test_sampled_logprobs_are_the_targets(plain, drafter):
         logprobs=2,
         repetition_penalty=1.2,
     )
-    outs = _llm(DRAFTERS[drafter]).generate(PROMPTS, params)
+    outs = zoo_llm(DRAFTERS[drafter]).generate(PROMPTS, params)
     for out in outs:
         ids = out.prompt_token_ids + out.token_ids
         ref = llm.generate([ids], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2))[0]
@@ -94,17 +80,12 @@ def test_sampled_logprobs_are_the_targets(plain, drafter):
 def test_prompt_logprobs_chunked_equal_whole():
     """Prompt log-probabilities recorded chunk by chunk (a prompt longer than the token budget) equal
     those of one prefill, and the first prompt token has none."""
-    whole = _llm().generate(
+    whole = zoo_llm().generate(
         PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4)
     )[0]
-    chunked = LLM(
-        ZOO + "tinypy",
-        device=DEVICE,
-        dtype="float32",
-        num_kv_blocks=256,
-        max_num_batched_tokens=5,
-        block_size=4,
-    ).generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4))[0]
+    chunked = zoo_llm(max_num_batched_tokens=5, block_size=4).generate(
+        PROMPTS[1], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=4)
+    )[0]
     assert whole.prompt_logprobs[0] is None and chunked.prompt_logprobs[0] is None
     assert len(whole.prompt_logprobs) == len(whole.prompt_token_ids)
     assert_same_logprobs(chunked.prompt_logprobs[1:], whole.prompt_logprobs[1:])

@@ -6,10 +6,8 @@ decoded when asked, whole or incrementally; only allowed tokens are sampled, wit
 
 import pytest
 
-from helpers.zoo_drafters import TEST_DEVICE as DEVICE
-from helpers.zoo_drafters import zoo_drafters
+from helpers.zoo_drafters import zoo_drafters, zoo_llm
 from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
 from outpace.sampling_params import StructuredOutputsParams
 from outpace.validation import ConfigError
 
@@ -22,20 +20,9 @@ PROMPTS = [
 EOS = 0  # zoo/tinypy's eos_token_id
 
 
-def _llm(spec: SpeculativeConfig | None = None) -> LLM:
-    return LLM(
-        "zoo/tinypy",
-        device=DEVICE,
-        dtype="float32",
-        num_kv_blocks=256,
-        max_num_seqs=8,
-        speculative=spec or SpeculativeConfig(),
-    )
-
-
 @pytest.fixture(scope="module")
 def plain_llm() -> LLM:
-    return _llm()
+    return zoo_llm()
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +67,7 @@ def test_min_tokens_output_equal_with_and_without_speculation(plain_llm, unbound
     params = [p.replace(logit_bias={EOS: 12.0}) for p in _params(unbounded, 9)]
     want = [o.token_ids for o in plain_llm.generate(PROMPTS, params)]
     assert all(len(t) > 9 for t in want)
-    outs = _llm(DRAFTERS[drafter]).generate(PROMPTS, params)
+    outs = zoo_llm(DRAFTERS[drafter]).generate(PROMPTS, params)
     assert [o.token_ids for o in outs] == want
 
 
@@ -130,7 +117,7 @@ def test_only_allowed_tokens_are_sampled(plain_llm, unbounded, drafter):
     want = [o.token_ids for o in plain_llm.generate(PROMPTS, params)]
     for tokens, p, free in zip(want, params, unbounded):
         assert set(tokens) <= set(p.allowed_token_ids) and tokens != free[:16]
-    assert [o.token_ids for o in _llm(DRAFTERS[drafter]).generate(PROMPTS, params)] == want
+    assert [o.token_ids for o in zoo_llm(DRAFTERS[drafter]).generate(PROMPTS, params)] == want
 
 
 def test_bad_min_tokens_is_refused_by_name(plain_llm):

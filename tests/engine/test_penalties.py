@@ -5,15 +5,12 @@ output is the same with and without speculation, for every drafter."""
 import pytest
 import torch
 
-from helpers.zoo_drafters import TEST_DEVICE as DEVICE
-from helpers.zoo_drafters import zoo_drafters
-from outpace import LLM, SamplingParams
-from outpace.config import SpeculativeConfig
+from helpers.zoo_drafters import zoo_drafters, zoo_llm
+from outpace import SamplingParams
 from outpace.layers.logits_processing import Penalties, node_counts
 from outpace.speculative.tree import ancestor_mask
 from outpace.validation import ConfigError
 
-ZOO = "zoo/"
 DRAFTERS = zoo_drafters(chain_steps=4, tree=(3, 2, 6))
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -36,24 +33,13 @@ PENALIZED = [
 ]
 
 
-def _llm(spec: SpeculativeConfig | None = None, **kwargs) -> LLM:
-    kwargs = {"num_kv_blocks": 256, "max_num_seqs": 8, **kwargs}
-    return LLM(
-        ZOO + "tinypy",
-        device=DEVICE,
-        dtype="float32",
-        speculative=spec or SpeculativeConfig(),
-        **kwargs,
-    )
-
-
 @pytest.fixture(scope="module")
 def plain():
-    return [o.token_ids for o in _llm().generate(PROMPTS, PENALIZED)]
+    return [o.token_ids for o in zoo_llm().generate(PROMPTS, PENALIZED)]
 
 
 def test_penalties_change_the_output(plain):
-    unpenalized = [o.token_ids for o in _llm().generate(PROMPTS, [PENALIZED[2]] * 3)]
+    unpenalized = [o.token_ids for o in zoo_llm().generate(PROMPTS, [PENALIZED[2]] * 3)]
     assert plain[0] != unpenalized[0] and plain[1] != unpenalized[1]
     assert plain[2] == unpenalized[2]  # a neighbour's penalties leave a request alone
     assert 2355 in unpenalized[1] and 2355 not in plain[1]  # a -100 bias bans the token
@@ -61,14 +47,16 @@ def test_penalties_change_the_output(plain):
 
 @pytest.mark.parametrize("drafter", list(DRAFTERS))
 def test_penalized_greedy_output_equal_with_and_without_speculation(plain, drafter):
-    outs = _llm(DRAFTERS[drafter]).generate(PROMPTS, PENALIZED)
+    outs = zoo_llm(DRAFTERS[drafter]).generate(PROMPTS, PENALIZED)
     assert [o.token_ids for o in outs] == plain
     assert sum(o.spec_metrics.num_accepted_drafts for o in outs) > 0
 
 
 def test_penalties_with_chunked_prefill_and_preemption(plain):
     """Counts are rebuilt from a request's output when it is recomputed after preemption."""
-    llm = _llm(DRAFTERS["eagle3-chain"], num_kv_blocks=24, block_size=4, max_num_batched_tokens=16)
+    llm = zoo_llm(
+        DRAFTERS["eagle3-chain"], num_kv_blocks=24, block_size=4, max_num_batched_tokens=16
+    )
     outs = llm.generate(PROMPTS, PENALIZED)
     assert [o.token_ids for o in outs] == plain
     assert sum(o.metrics.num_preemptions for o in outs) > 0
@@ -139,7 +127,7 @@ def test_bad_penalties_are_refused_by_name():
     ):
         with pytest.raises(ConfigError, match=f"SamplingParams.{field}="):
             SamplingParams(**{field: value})
-    llm = _llm()
+    llm = zoo_llm()
     with pytest.raises(
         ValueError, match=r"logit_bias token ids \[5000\] are outside the vocabulary"
     ):
