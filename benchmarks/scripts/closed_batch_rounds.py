@@ -11,7 +11,9 @@ time than plain decoding's, and its steps by kind (``--profile-steps I...``: tho
 also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU), and
 each row's first step (the prompts' prefill) over every round: its median, since one round's first step moved by 10 to
 20 ms now and then on an H100 (benchmarks/results/gpu_2026-12-06g; torch's CPU repeat_interleave, found with
-``--profile-every-round``: gpu_2026-12-06h).
+``--profile-every-round``: gpu_2026-12-06h), with the prompt tokens it computed and those the prefix cache gave (a
+drafter whose rows read tokens past a block keys its blocks by them too, cache/prefix_cache.py: on the CPU's tiny
+widening, 32 requests of a repeated round, MTP's three layers computed 310 tokens where plain decoding computed 230).
 
     PYTHONPATH=. python benchmarks/scripts/closed_batch_rounds.py [--family F] [--methods ngram draft] [--batches 8 32]
         [--temperatures 0 0.8] [--rounds 3] [--tiny] [--workdir .e2e] [--out FILE.json] [--steps FILE.json]
@@ -59,7 +61,8 @@ def engines(
 
 class StepLog:
     """Each engine step of an ``LLM``'s runs while ``on``: [wall ms, decoding rows, draft shape or None, the
-    chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None, its kind or None];
+    chooser's cost of that shape in ms (its GPU time, as the step was chosen) or None, its kind or None, prompt
+    tokens it computed, prompt tokens the prefix cache gave];
     ``profile_steps``: the indices of a run's steps logged also under torch.profiler (``tables``). The kinds
     of an adaptive drafter's steps: ``held`` (zero drafts, the drafter's forward held back), ``flush`` (zero
     drafts, its forward run over the rows held: engine/step_key.py ``HoldRule``), ``draft`` (a shape the
@@ -84,18 +87,29 @@ class StepLog:
         sort_by = sort_by or ("self_device_time_total" if on_gpu else "self_cpu_time_total")
         engine = llm.engine
         real_step = engine.step
+        self._prefilled = [0, 0]  # this step's prompt tokens: computed, from the prefix cache
 
         def step():
             if not self.on:
                 return real_step()
             self._shape = self._believed = self._kind = None
+            self._prefilled[:] = [0, 0]
             rows = sum(map(is_decoding, engine.scheduler.running))
             profiled = self.profiling and len(self.steps) in self.profile_steps
             with torch.profiler.profile() if profiled else contextlib.nullcontext() as prof:
                 t = time.perf_counter()
                 outputs = real_step()
                 wall = time.perf_counter() - t
-            self.steps.append([round(1e3 * wall, 3), rows, self._shape, self._believed, self._kind])
+            self.steps.append(
+                [
+                    round(1e3 * wall, 3),
+                    rows,
+                    self._shape,
+                    self._believed,
+                    self._kind,
+                    *self._prefilled,
+                ]
+            )
             if profiled:
                 table = prof.key_averages().table(sort_by=sort_by, row_limit=60)
                 self.tables.append((len(self.steps) - 1, table))
@@ -125,6 +139,15 @@ class StepLog:
             return run(key, *args, **kwargs)
 
         decode_step.run = watched_run
+        prefill_step = engine.runner.prefill_step
+        run_prefill = prefill_step.run
+
+        def counted_prefill(chunks, *args, **kwargs):
+            self._prefilled[0] += sum(c.num_new_tokens for c in chunks)
+            self._prefilled[1] += sum(c.num_reused_tokens for c in chunks)
+            return run_prefill(chunks, *args, **kwargs)
+
+        prefill_step.run = counted_prefill
 
 
 def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
@@ -208,6 +231,7 @@ def measure(
             if watch is not None:
                 watch.on = False
                 row.setdefault("first_ms", []).append(watch.steps[0][0])
+                row.setdefault("first_tokens", []).append(watch.steps[0][5:7])
             if watch is not None and watch.profiling:
                 logs[name, b, t] = watch.steps
                 for i, table in watch.tables:
@@ -287,8 +311,10 @@ def main() -> None:
     if logs is not None:
         print("the first step (the prompts' prefill), ms, the median of the rounds:")
         for r in rows:
+            computed, cached = r["first_tokens"][-1]
             print(
-                f"  {r['method']:<11} b{r['batch']:<3} t{r['temperature']}: {r['first_ms_median']:.2f}"
+                f"  {r['method']:<11} b{r['batch']:<3} t{r['temperature']}: {r['first_ms_median']:.2f} "
+                f"(the last round's: {computed} prompt tokens computed, {cached} from the prefix cache)"
             )
         print("\n".join(step_differences(logs, a.methods)))
         named = [

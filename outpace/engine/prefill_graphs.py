@@ -73,6 +73,14 @@ CHUNK_BUCKETS = (1, 2, 4, 8, 16, 32)
 SHORT_CHUNK = 32
 # the static inputs' rows
 MOST_KEY_TOKENS = max(LARGEST_PREFILL_BUCKET, CHUNK_BUCKETS[-1] * SHORT_CHUNK)
+# A drafter whose rows read r >= 2 tokens past a block (MTP's layers: cache/prefix_cache.py) leaves a request whose
+# prompt ends 1 .. r - 1 tokens past a block boundary that block too to compute (its key reads tokens not yet known):
+# a chunk of 17 .. 16 + r - 1 tokens, where a repeated prompt otherwise leaves at most 16. One such request among 32
+# put every chunk of the step in a key of 32 tokens: on an H100 the widened Llama's MTP (3 layers) prefilled 32
+# repeated prompts in 25.5 ms against plain decoding's 13.3, the widened DeepSeek's (2 layers) in 37.6 against 24.4
+# (benchmarks/results/gpu_2026-12-06i; on the CPU's tiny widening 310 tokens computed against 230). Such a drafter's
+# keys also take chunks of 16 + r - 1 tokens rounded up to a multiple of this.
+READS_AHEAD_ROUNDING = 4
 
 
 def prefill_buckets(max_batched_tokens: int) -> tuple[int, ...]:
@@ -110,6 +118,7 @@ class PrefillGraphs:
         self.buckets: tuple[int, ...] = ()  # P: tokens a chunk, of the captured forwards
         self.graphs: dict[PrefillKey, CapturedCall] = {}
         self.drafter = drafter if drafter is not None and drafter.captures_absorb else None
+        self.reads_ahead = drafter.kv_reads_ahead if drafter is not None else 0
         self.absorbs: dict[PrefillKey, CapturedCall] = {}
         device, k = req_table.device, CHUNK_BUCKETS[-1]
         # the most chunks a step may have: one a request
@@ -149,7 +158,11 @@ class PrefillGraphs:
             default=math.inf,
         )
         fits = min(LARGEST_PREFILL_BUCKET, self.max_rows)
-        self.buckets = tuple(b for b in sorted(buckets) if b <= fits and b < expands)
+        sizes = set(buckets)
+        if buckets and self.reads_ahead >= 2:  # (READS_AHEAD_ROUNDING)
+            longest = SMALLEST_PREFILL_BUCKET + self.reads_ahead - 1
+            sizes.add(-(-longest // READS_AHEAD_ROUNDING) * READS_AHEAD_ROUNDING)
+        self.buckets = tuple(b for b in sorted(sizes) if b <= fits and b < expands)
         device = self.req_table.device
         self.graphs = {
             key: CapturedCall(lambda key=key: self._forward(*key), device, memory_pool)

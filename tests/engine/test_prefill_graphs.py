@@ -179,6 +179,34 @@ def test_many_short_chunks_replay_one_key(spec, requests, prompts, shortest, key
     assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
 
 
+def test_a_block_left_for_mtps_reads_past_it_takes_a_key_of_20_tokens_a_chunk():
+    """MTP's three layers read three tokens past a block, so a prompt ending one token past a block boundary gets that
+    block from the prefix cache no more (its key reads tokens not yet known) and prefills 17 tokens where the others
+    prefill at most 14: the step replays chunks of 20 tokens (``READS_AHEAD_ROUNDING``), not 32, and the tokens and
+    acceptance equal an eager engine's; plain decoding keeps its key of 16."""
+    texts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"]
+    kw = dict(device="cpu", max_num_seqs=32, max_num_batched_tokens=1024)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    for spec, key in ((SpeculativeConfig("mtp", num_steps=3), (32, 20)), (None, (32, 16))):
+        spec = spec or SpeculativeConfig()
+        eager = LLM(str(ZOO / "tinypy"), speculative=spec, **kw)
+        graphed = LLM(str(ZOO / "tinypy"), speculative=spec, **kw)
+        graphed.engine.capture_graphs()
+        encode = graphed.tokenizer.encode
+        # 31 prompts ending 3 .. 14 tokens past a block boundary, one ending 1 token past one
+        ids = [encode(texts[i % len(texts)] * 2)[: 35 + i % 12] for i in range(31)]
+        ids.append(encode(texts[0] * 2)[:33])
+        for llm in (eager, graphed):
+            llm.generate(ids, params)  # (the prompts' blocks published)
+        replays = _counting_replays(graphed)
+        want, got = eager.generate(ids, params), graphed.generate(ids, params)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert [o.spec_metrics.accepted_per_position for o in got] == [
+            o.spec_metrics.accepted_per_position for o in want
+        ]
+        assert replays == [key], spec.method
+
+
 def test_keys_past_the_largest_bucket_the_chunk_count_and_the_context_end_run_eagerly():
     llm = LLM(str(ZOO / "tinypy"), device="cpu", max_num_seqs=16, max_num_batched_tokens=2048)
     llm.engine.capture_graphs()

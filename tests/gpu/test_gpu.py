@@ -102,7 +102,8 @@ def test_prefill_chunks_replay_captured_forwards(method):
     )
     llm = LLM(tinypy, **kwargs)
     graphs = llm.engine.runner.prefill_graphs
-    assert graphs.buckets == (16, 32, 64) and all(
+    # (MTP's three layers read past a block: chunks of up to 18 tokens get keys of 20: prefill_graphs.py)
+    assert graphs.buckets == ((16, 20, 32, 64) if method == "mtp" else (16, 32, 64)) and all(
         call.graph is not None for call in graphs.graphs.values()
     )
     keys, run = [], graphs.run
