@@ -76,10 +76,11 @@ MOST_KEY_TOKENS = max(LARGEST_PREFILL_BUCKET, CHUNK_BUCKETS[-1] * SHORT_CHUNK)
 # A drafter whose rows read r >= 2 tokens past a block (MTP's layers: cache/prefix_cache.py) leaves a request whose
 # prompt ends 1 .. r - 1 tokens past a block boundary that block too to compute (its key reads tokens not yet known):
 # a chunk of 17 .. 16 + r - 1 tokens, where a repeated prompt otherwise leaves at most 16. One such request among 32
-# put every chunk of the step in a key of 32 tokens: on an H100 the widened Llama's MTP (3 layers) prefilled 32
-# repeated prompts in 25.5 ms against plain decoding's 13.3, the widened DeepSeek's (2 layers) in 37.6 against 24.4
+# puts every chunk of the step in a key of 32 tokens: on an H100 the widened Llama's MTP (3 layers) prefilled 32
+# repeated prompts in 25.5 ms against plain decoding's 13.3 (its row-wise kernels, SiLU-and-mul and attention, took
+# 1.9x plain decoding's time: twice the padded rows), the widened DeepSeek's (2 layers) in 37.6 against 24.4
 # (benchmarks/results/gpu_2026-12-06i; on the CPU's tiny widening 310 tokens computed against 230). Such a drafter's
-# keys also take chunks of 16 + r - 1 tokens rounded up to a multiple of this.
+# keys also take chunks of 16 + r - 1 tokens rounded up to a multiple of this (not yet timed on a GPU).
 READS_AHEAD_ROUNDING = 4
 
 
