@@ -98,10 +98,10 @@ class SamplingParams:
 
     temperature 0 means greedy. ``top_k`` 0 or -1 disables top-k; ``top_p`` 1 and ``min_p`` 0
     disable theirs. ``max_tokens`` counts generated tokens. ``seed`` -1 means no seed (as in vLLM).
-    ``min_tokens``: no end-of-sequence id (the model's, ``ignore_eos`` or not, as vLLM's
-    ``_all_stop_token_ids``) nor ``stop_token_ids`` is sampled before that many output tokens (their logits are
-    -inf there), and a ``stop`` string counts only where it ends in text of the tokens after them (vLLM's
-    detokenizer checks stop strings once the output holds more than ``min_tokens`` tokens).
+    ``min_tokens``: no end-of-sequence id (the model's, ``ignore_eos`` or not, as vLLM's ``_all_stop_token_ids``)
+    nor ``stop_token_ids`` is sampled as one of the first ``min_tokens`` output tokens (their logits are -inf
+    there), and a ``stop`` string counts only where it ends in text of the tokens after them (vLLM's detokenizer
+    checks stop strings once the output holds more than ``min_tokens`` tokens).
     ``include_stop_str_in_output``: a matched ``stop`` string stays at the end of the text.
     ``skip_special_tokens``: special tokens are left out of the text (False: decoded like any other).
 

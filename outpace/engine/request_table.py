@@ -16,8 +16,8 @@ nothing from the host but new block-table entries:
   and ``output_counts`` [table_rows, V] (the output tokens before position L; a step counts node 0 and the
   drafts on each node's path itself, then adds what it committed: layers/logits_processing.py), and for
   ``min_tokens`` ``stop_mask`` [table_rows, V] (its stop ids: ``stop_token_ids`` and ``eos_token_ids``) with
-  ``min_end`` [table_rows] (the position of its output token number min_tokens, counting from 0: the stop
-  ids are banned before it),
+  ``min_end`` [table_rows] (its prompt's length plus min_tokens: the stop ids are banned at positions before
+  it),
 - its block table, a row of ``tables`` [table_rows, max_blocks], mirrored in (pinned) host memory and
   copied incrementally: a request's table only grows while it lives.
 The last row, ``padding_index``, belongs to no request: padded rows of a captured batch use it;

@@ -3,9 +3,8 @@ reported for the tokens committed.
 
 Order (vLLM v1's sampler): ``logit_bias`` is added, then the penalties, then ``min_tokens``' ban of the stop
 ids, then the grammar's mask; the result is what temperature and the truncation filters (layers/sampler.py)
-then process. Every
-function here works on a block of verified positions at once, ``[b, n, V]`` (n = 1 for a single
-position), with no host sync, so a decode step can apply them at every verified node.
+then process. Every function here works on a block of verified positions at once, ``[b, n, V]`` (n = 1 for a
+single position), with no host sync, so a decode step can apply them at every verified node.
 
 Penalties as vLLM defines them (vllm/model_executor/layers/utils.py ``apply_penalties``):
 - ``repetition_penalty`` r: a token seen in the prompt or the output has its logit divided by r when
@@ -14,8 +13,8 @@ Penalties as vLLM defines them (vllm/model_executor/layers/utils.py ``apply_pena
 - ``presence_penalty`` p: ``p`` is subtracted once from every token present in the output.
 At a verified node the output is the committed output plus the drafts on the node's path, as if that
 draft prefix had been committed (``node_counts``). ``min_tokens`` (vLLM's ``MinTokensLogitsProcessor``): a
-request's stop ids (its ``stop_token_ids`` and the model's end-of-sequence ids) get -inf at every position before
-its ``min_tokens``-th output token, a verified node's position being that of the token it decides.
+request's stop ids (its ``stop_token_ids`` and the model's end-of-sequence ids) get -inf at the positions of its
+first ``min_tokens`` output tokens, a verified node's position being that of the token it decides.
 
 Log-probabilities are the target's *raw* ones: log-softmax of the logits before any of the above
 (vLLM's default ``logprobs_mode="raw_logprobs"``), so they do not depend on the request's sampling
@@ -59,7 +58,7 @@ class Penalties:
     logit_bias  # [b, V] float32, added as it is
     prompt_mask # [b, V] bool: the token occurs in the prompt
     counts      # [b, V] int32: the token's occurrences among the output tokens before the first position
-    min_end     # [b] int64: the position of the min_tokens-th output token; before it the stop ids are banned
+    min_end     # [b] int64: the prompt's length plus min_tokens; at positions before it the stop ids are banned
     stop_mask   # [b, V] bool: the stop ids min_tokens bans
     """
 
