@@ -17,16 +17,7 @@ if [ "$1" = heads ]; then
 fi
 python3 -c "import torch; torch.save(torch.randperm(151936)[:32768].tolist(), '/tmp/map32768.pt')"
 for map in none /tmp/map32768.pt; do
-  timeout 270 python3 -c "
-import json, sys
-from pathlib import Path
-from outpace.bench.families import bench_shapes, run_mtp_oracle
-shape = bench_shapes('fp8', ['qwen3-next-80b'])['qwen3-next-80b']
-token_map = None if sys.argv[1] == 'none' else sys.argv[1]
-result = run_mtp_oracle(shape.config, Path('/tmp/fam_mtp'), token_map)
-Path('$OUT/mtp_oracle_' + ('map' if token_map else 'none') + '.json').write_text(json.dumps(result))
-for row in result['rows']:
-    print(sys.argv[1], 'batch', row['batch'], 'step ms by drafts', {k: round(v, 3) for k, v in row['step_ms'].items()})
-" $map 2>&1 | grep -E "batch|Error"
-  rm -rf /tmp/fam_mtp
+  name=none; [ "$map" != none ] && name=map
+  timeout 270 python3 benchmarks/scripts/qwen3next_fp8_mtp_steps.py $OUT/mtp_oracle_$name.json \
+    $([ "$map" != none ] && echo --token-map $map) 2>&1 | grep -E "batch|Error"
 done

@@ -12,18 +12,9 @@ mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 clean() { sed -i -E 's/\r/\n/g' $1; sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $1; }
 mtp_oracle() {  # token map (none or a file), seconds
-  timeout $2 python3 -c "
-import json, sys
-from pathlib import Path
-from outpace.bench.families import bench_shapes, run_mtp_oracle
-shape = bench_shapes('fp8', ['qwen3-next-80b'])['qwen3-next-80b']
-token_map = None if sys.argv[1] == 'none' else sys.argv[1]
-result = run_mtp_oracle(shape.config, Path('/tmp/fam_mtp'), token_map)
-Path('$OUT/mtp_oracle_' + ('map' if token_map else 'none') + '.json').write_text(json.dumps(result))
-for row in result['rows']:
-    print(sys.argv[1], 'batch', row['batch'], 'step ms by drafts', {k: round(v, 3) for k, v in row['step_ms'].items()})
-" $1 2>&1 | grep -E "batch|Error|rror:"
-  rm -rf /tmp/fam_mtp
+  local map=(); [ "$1" != none ] && map=(--token-map $1)
+  timeout $2 python3 benchmarks/scripts/qwen3next_fp8_mtp_steps.py $OUT/mtp_oracle_$([ "$1" = none ] && echo none \
+    || echo map).json "${map[@]}" 2>&1 | grep -E "batch|Error|rror:"
 }
 llama_mtp_and_tests() {
   OUTPACE_ZOO=$PWD/zoo timeout 300 python3 benchmarks/scripts/closed_batch_rounds.py --methods mtp --batches 32 \
