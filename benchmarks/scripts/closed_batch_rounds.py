@@ -5,9 +5,10 @@ the median of each row's closed-batch seconds and steady rate reported, and of i
 decoding's rounds of the same index (``paired``). One closed batch moves by several
 percent with one-off costs (a slow first prefill, a dropped step run ahead): single runs could not tell two
 closed-batch rules apart (issue 43 item 7; benchmarks/results/gpu_2026-12-01b, calls 4-7). ``--steps FILE``
-also writes every engine step of each row's last round (wall ms, decoding rows, the draft shape chosen, its
-kind: held, flush, draft or probe) and prints, per batch and temperature, where a method's steps spent more
-time than plain decoding's, and its steps by kind (``--profile-steps I...``: those steps of each row's last round
+also writes every engine step of each row's rounds (wall ms, decoding rows, the draft shape chosen, its kind: held,
+flush, draft or probe; ``steps`` the last round's, ``rounds`` every round's: one round of Qwen3.5's EAGLE3 tree took
+11% longer than the other two, gpu_2026-12-06i call 3, whose log kept only the last) and prints, per batch and
+temperature, where a method's last round spent more time than plain decoding's, and its steps by kind (``--profile-steps I...``: those steps of each row's last round
 also under torch.profiler, their wall times with it, each one's table printed, by the GPU's time on a GPU), and
 each row's first step (the prompts' prefill) over every round: its median, since one round's first step moved by 10 to
 20 ms now and then on an H100 (benchmarks/results/gpu_2026-12-06g; torch's CPU repeat_interleave, found with
@@ -151,8 +152,8 @@ class StepLog:
 
 
 def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
-    """Per method, batch and temperature against plain decoding's last round: steps, total ms, and the
-    phases (first step, decode steps with every request, the tail) in ms."""
+    """Per method, batch and temperature, its last round against plain decoding's (``logs``: a list of steps a
+    round): steps, total ms, and the phases (first step, decode steps with every request, the tail) in ms."""
 
     def phases(steps: list) -> tuple[float, float, float, int]:
         full = max(step[1] for step in steps)
@@ -160,10 +161,10 @@ def step_differences(logs: dict[tuple, list], methods: list[str]) -> list[str]:
         return steps[0][0], sum(body), sum(step[0] for step in steps[1 + len(body) :]), len(body)
 
     lines = []
-    for (name, b, t), steps in logs.items():
+    for (name, b, t), rounds in logs.items():
         if name == "none":
             continue
-        plain = logs["none", b, t]
+        steps, plain = rounds[-1], logs["none", b, t][-1]
         drafted = sum(1 for step in steps if step[2] not in (None, "plain"))
         (f0, body0, tail0, n0), (f1, body1, tail1, n1) = phases(plain), phases(steps)
         lines.append(
@@ -196,7 +197,7 @@ def measure(
 ) -> list[dict]:
     """Per (method, batch, temperature): every round's closed-batch seconds and steady tokens/s, and their
     medians; each row warmed up once (bench e2e's warm-ups), then the rounds run method after method.
-    ``logs``: filled with each row's engine steps of its last round (``StepLog``); ``profile_steps``: those
+    ``logs``: filled with each row's engine steps, a list a round (``StepLog``); ``profile_steps``: those
     steps of theirs under torch.profiler too (of every round's with ``profile_every_round``), whose tables are
     printed, sorted by ``profile_sort`` (a key_averages column; the GPU's self time on a GPU)."""
     watches = (
@@ -232,8 +233,8 @@ def measure(
                 watch.on = False
                 row.setdefault("first_ms", []).append(watch.steps[0][0])
                 row.setdefault("first_tokens", []).append(watch.steps[0][5:7])
+                logs.setdefault((name, b, t), []).append(watch.steps)
             if watch is not None and watch.profiling:
-                logs[name, b, t] = watch.steps
                 for i, table in watch.tables:
                     print(
                         f"{name}, batch {b}, temperature {t}, round {k}: step {i} ({watch.steps[i][0]} ms) "
@@ -318,7 +319,8 @@ def main() -> None:
             )
         print("\n".join(step_differences(logs, a.methods)))
         named = [
-            {"method": n, "batch": b, "temperature": t, "steps": s} for (n, b, t), s in logs.items()
+            {"method": n, "batch": b, "temperature": t, "steps": r[-1], "rounds": r}
+            for (n, b, t), r in logs.items()
         ]
         Path(a.steps).write_text(json.dumps(named, separators=(",", ":")) + "\n")
 
