@@ -1,6 +1,6 @@
 """vLLM's ``min_tokens``, ``include_stop_str_in_output``, ``skip_special_tokens`` and ``allowed_token_ids``: no
-end-of-sequence id nor stop token id is sampled before a request's min_tokens-th output token (the prompt's first
-token included: the prefill samples it), the same with and without speculation, for every drafter; a stop string
+end-of-sequence id nor stop token id is sampled among a request's first min_tokens output tokens (the prompt's
+first token included: the prefill samples it), the same with and without speculation, for every drafter; a stop string
 counts only where it ends past the text of those tokens, and stays in the text when asked; special tokens are
 decoded when asked, whole or incrementally; only allowed tokens are sampled, with and without speculation."""
 
