@@ -52,11 +52,12 @@ PositionLogprobs = dict[int, Logprob]
 
 
 def position_logprobs(
-    token: int, logprob: float, rank: int, top_ids: list[int], top_logprobs: list[float]
+    k: int, token: int, logprob: float, rank: int, top_ids: list[int], top_logprobs: list[float]
 ) -> PositionLogprobs:
-    """One position's entry from a step's packed values (``TokenLogprobs.unpack_rows``)."""
+    """One position's entry for a request that wants the top ``k``, from a step's packed values
+    (``TokenLogprobs.unpack_rows``), which hold its batch's widest (engine/step_key.py ``LogitsFeatures``)."""
     entry = {token: Logprob(logprob, rank)}
-    for r, (t, lp) in enumerate(zip(top_ids, top_logprobs), start=1):
+    for r, (t, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k]), start=1):
         entry.setdefault(t, Logprob(lp, r))
     return entry
 

@@ -22,8 +22,8 @@ and a seeded request's randomness there is a function of its seed and that posit
 What a step does to the target's logits before verifying them, and what it reports besides tokens, is
 the key's ``LogitsFeatures``: penalties and logit biases at every node (the node's path counted as
 output), a grammar's masks (computed on the host between the draft and the verify forward's logits:
-such a step runs eagerly), the raw log-probabilities of the committed tokens. Only keys without any
-are captured at start-up; the others run the same function eagerly.
+such a step runs eagerly), the raw log-probabilities of the committed tokens. Keys without any are
+captured at start-up, the others but a grammar's when a batch first needs them (engine/runner.py).
 """
 
 from __future__ import annotations

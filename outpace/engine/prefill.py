@@ -208,7 +208,10 @@ class PrefillStep:
         if features.logprobs is None:
             return tokens, None
         rows = token_logprobs(raw, tokens, features.logprobs).host_rows()
-        return tokens, [position_logprobs(t, *row) for t, row in zip(tokens.tolist(), rows)]
+        return tokens, [
+            position_logprobs(r.params.logprobs or 0, t, *row)
+            for r, t, row in zip(reqs, tokens.tolist(), rows)
+        ]
 
     def _record_prompt_logprobs(
         self, reqs: list[Request], starts: list[int], counts: list[int], hidden: torch.Tensor
@@ -231,7 +234,7 @@ class PrefillStep:
                         self.model.compute_logits(rows), targets, r.params.prompt_logprobs
                     )
                     r.prompt_logprobs += [
-                        position_logprobs(t, *row)
+                        position_logprobs(r.params.prompt_logprobs, t, *row)
                         for t, row in zip(targets.tolist(), lp.host_rows())
                     ]
             offset += c

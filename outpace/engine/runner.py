@@ -9,6 +9,7 @@ table) and reads the runner only through its public methods and properties.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import compress, repeat
@@ -38,6 +39,8 @@ from outpace.sampling_params import SamplingParams
 from outpace.speculative.adaptive import DraftLengthChooser
 from outpace.speculative.proposer import Drafts, DraftShape, Proposer
 from outpace.structured import GrammarTable
+
+logger = logging.getLogger("outpace.engine")
 
 _request_id, _num_computed = attrgetter("request_id"), attrgetter("num_computed_tokens")
 _max_tokens, _tokens, _prompt = (
@@ -123,6 +126,8 @@ class ModelRunner:
             grammars,
         )
         self.graph_buckets: tuple[int, ...] = ()
+        self._graph_pool = None  # the captured steps' memory pool (CUDA), which late captures share
+        self._uncapturable: set[StepKey] = set()  # keys whose late capture ran out of memory
         self.run_ahead: RunAhead | None = None
         # rows of requests released while the step run ahead for them was in flight, with that step (``release``)
         self._retired: list[tuple[int, DecodeLaunch]] = []
@@ -160,7 +165,7 @@ class ModelRunner:
         eagerly. With adaptive speculation, profile each decode step on the GPU (zero drafts: the held
         step, the usual one; the flushes among them are timed as they run)."""
         memory = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
-        self.graph_buckets = buckets
+        self.graph_buckets, self._graph_pool = buckets, memory
         keys = [
             StepKey(b, shape, mode, hold=hold, narrow=narrow)
             for b in sorted(buckets, reverse=True)
@@ -180,6 +185,26 @@ class ModelRunner:
                     ):
                         cost = self.profile(key)
                         self.choosers[key.mode].record_cost(key.bucket, key.shape, cost)
+
+    def _capture_late(self, key: StepKey) -> None:
+        """Capture the step of a key with logits features the first time a batch needs it (``capture`` takes
+        those without: penalties, biases and log-probability widths multiply the keys past what start-up
+        should capture, and an eager step would cost every request of its batch the launches of a whole
+        iteration). The capture's warm-up runs the step over idle rows and leaves every request's state as
+        it was (``probe_replays``). A grammar's steps stay eager (``LogitsFeatures.capturable``), and so does
+        a key whose capture ran out of GPU memory (the memory plan sized the KV pool before any such step:
+        engine/memory.py); the engine goes on serving."""
+        if not key.features.capturable or key in self._uncapturable:
+            return
+        try:
+            with self.probe_replays(key):
+                self.decode_step.capture(key, self._graph_pool)
+        except torch.OutOfMemoryError as error:
+            self._uncapturable.add(key)
+            torch.cuda.empty_cache()
+            logger.warning(
+                "decode steps of %s run eagerly: capturing one ran out of memory (%s)", key, error
+            )
 
     def _window_variants(self, shape: DraftShape) -> list[tuple[bool, bool]]:
         """The (hold, narrow) flags of the captured steps of ``shape`` (engine/step_key.py)."""
@@ -350,7 +375,9 @@ class ModelRunner:
         logprobs = None
         if entries is not None:
             logprobs = [
-                position_logprobs(t, *lp) for i in order for t, lp in zip(tokens[i], entries[i])
+                position_logprobs(r.params.logprobs or 0, t, *lp)
+                for r, i in zip(reqs, order)
+                for t, lp in zip(tokens[i], entries[i])
             ]
         n, shape = len(ids), launch.key.shape
         speculative = self.proposer is not None
@@ -380,6 +407,8 @@ class ModelRunner:
         hold = self.holds.holds(ids, shape)
         narrow = not hold and self.holds.narrow(ids, shape)
         key = StepKey(bucket or n, shape, mode, features, hold, narrow)
+        if bucket is not None and features.any and key not in self.decode_step.graphs:
+            self._capture_late(key)
         held_before = self.holds.advance(ids, key)
         self.req_table.sync_tables(ids)
         if key.features.penalties and not ahead:

@@ -22,6 +22,7 @@ from itertools import repeat
 from operator import add
 
 from outpace.layers.sampler import is_greedy, is_seeded
+from outpace.sampling_params import MAX_LOGPROBS
 from outpace.speculative.proposer import DraftShape, Proposer
 
 
@@ -64,11 +65,17 @@ class SamplingMode(enum.Enum):
         return cls.FILTERED if filtered else cls.SAMPLE
 
 
+# The top log-probabilities a step computes: the most its requests want, rounded up to one of these, so
+# that few steps' keys are captured (each request keeps only its own: ``request.position_logprobs``)
+LOGPROB_WIDTHS = (0, 1, 5, MAX_LOGPROBS)
+
+
 @dataclass(frozen=True)
 class LogitsFeatures:
     """What a batch asks of the target's logits beyond sampling (host flags fixed per step):
-    ``penalties``: some request has penalties or a logit bias; ``grammar``: some request has a grammar;
-    ``logprobs``: the most top log-probabilities a request wants (0: only the chosen token's; None: none)."""
+    ``penalties``: some request has penalties, a logit bias, allowed tokens or min_tokens; ``grammar``: some
+    request has a grammar; ``logprobs``: the top log-probabilities computed per position, ``LOGPROB_WIDTHS``'
+    least that covers every request's (0: only the chosen token's; None: no request wants any)."""
 
     penalties: bool = False
     grammar: bool = False
@@ -76,21 +83,28 @@ class LogitsFeatures:
 
     @classmethod
     def of(cls, params: list) -> LogitsFeatures:
-        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        wanted = max((p.logprobs for p in params if p.logprobs is not None), default=None)
         return cls(
             any(p.penalized for p in params),
             any(p.structured_outputs is not None for p in params),
-            max(wanted) if wanted else None,
+            None if wanted is None else next(w for w in LOGPROB_WIDTHS if w >= wanted),
         )
 
     @property
     def any(self) -> bool:
         return self.penalties or self.grammar or self.logprobs is not None
 
+    @property
+    def capturable(self) -> bool:
+        """Whether a step with these features can be a captured graph: all but a grammar's, whose masks the
+        host computes from the step's own drafts (engine/decode_step.py)."""
+        return not self.grammar
+
 
 @dataclass(frozen=True)
 class StepKey:
-    """What fixes a step's shapes: one captured graph each (keys with logits features run eagerly).
+    """What fixes a step's shapes: one captured graph each (those without logits features captured at start-up,
+    those with capturable ones on first use: ``ModelRunner``; a grammar's run eagerly).
     ``hold``: a zero-draft step that holds (module docstring) rather than runs the draft forward.
     ``narrow``: a drafting step whose drafter holds and none of whose requests holds rows from held steps: the
     draft forward runs over the narrow windows (speculative/proposer.py ``PendingRows.narrow``)."""

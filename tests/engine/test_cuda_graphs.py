@@ -243,6 +243,58 @@ def test_captured_iteration_is_lossless_across_batch_changes(prompts, reference,
 
 
 @DRAFTERS
+def test_steps_with_logits_features_are_captured_on_first_use(prompts, spec):
+    """Requests with penalties, a logit bias, min_tokens or logprobs join a batch in flight: the step of each new
+    key is captured then (its warm-up over idle rows), every decode step replays a captured key, and the tokens
+    and log-probabilities are those of the engine that captures nothing."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=10 + 3 * i, ignore_eos=True) for i in range(6)
+    ]
+    params[2] = params[2].replace(repetition_penalty=1.3, logprobs=2)
+    params[3] = params[3].replace(temperature=0.8, seed=3, logit_bias={5: 2.0}, min_tokens=4)
+    params[5] = params[5].replace(logprobs=0)
+    expected = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts, params)
+    llm = _graphed(spec)
+    calls = _counting_steps(llm)
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    assert [o.logprobs for o in outs] == [o.logprobs for o in expected]
+    assert calls["captured"] > 10 and calls["eager"] == 0
+    late = [key for key in llm.engine.runner.decode_step.graphs if key.features.any]
+    assert any(key.features.penalties for key in late)
+    assert 5 in {key.features.logprobs for key in late} <= {None, 0, 5}  # 2 rounds up to 5
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_a_late_capture_out_of_memory_leaves_the_key_eager(prompts, caplog):
+    """A key whose capture on first use runs out of GPU memory runs eagerly from then on, with a warning: the
+    requests get the tokens and log-probabilities of the engine that captures nothing, the state the failed
+    capture's warm-up touched is restored, and the capture is not tried again."""
+    params = [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=i % 2 or None)
+        for i in range(4)
+    ]
+    expected = LLM(ZOO, max_num_seqs=4).generate(prompts[:4], params)
+    llm = _graphed(None)
+    iteration, tries = llm.engine.runner.decode_step, []
+
+    def failing(key, memory_pool=None):
+        iteration.step(key)  # a warm-up that got as far as running the step over the idle rows
+        tries.append(key)
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    iteration.capture = failing
+    calls = _counting_steps(llm)
+    outs = llm.generate(prompts[:4], params)
+    assert [(o.token_ids, o.logprobs) for o in outs] == [
+        (o.token_ids, o.logprobs) for o in expected
+    ]
+    assert len(tries) == 1 and calls["eager"] > 5
+    assert "run eagerly: capturing one ran out of memory" in caplog.text
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@DRAFTERS
 def test_run_ahead_serves_sampled_penalized_and_logprob_steps(prompts, spec):
     """Steps run ahead for every drafter and every kind of request but grammar-constrained ones (their
     masks need the previous step's tokens): seeded top-p sampling, presence/frequency penalties and

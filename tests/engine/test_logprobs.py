@@ -110,3 +110,15 @@ def test_top_logprobs_are_sorted_and_ranked(plain):
         values = [lp.logprob for lp in ranked]
         assert values == sorted(values, reverse=True)
         assert torch.tensor(values).exp().sum() <= 1 + 1e-5
+
+
+def test_a_request_gets_its_own_top_logprobs_in_any_batch():
+    """A step computes its widest request's top log-probabilities (rounded up: engine/step_key.py); each
+    request keeps only the top ``logprobs`` it asked for, the same entries as alone."""
+    narrow = GREEDY.replace(logprobs=1)
+    alone = zoo_llm().generate(PROMPTS[:1], narrow)[0]
+    together = zoo_llm().generate(PROMPTS[:2], [narrow, GREEDY.replace(logprobs=4)])
+    # greedy: the chosen token is the most likely, so an entry holds the top k alone
+    assert [len(entry) for entry in together[0].logprobs] == [1] * 24
+    assert [len(entry) for entry in together[1].logprobs] == [4] * 24
+    assert_same_logprobs(together[0].logprobs, alone.logprobs)

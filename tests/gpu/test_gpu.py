@@ -84,6 +84,40 @@ def test_every_decode_step_replays_a_captured_iteration(method, temperature):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("method", ["plain", "eagle3-tree", "mtp"])
+def test_steps_with_logits_features_replay_graphs_captured_on_first_use(method):
+    """Requests with penalties, a logit bias, min_tokens or logprobs join a batch in flight: their steps are
+    captured then (the warm-up over idle rows leaves the running requests' state as it was) and every decode
+    step replays a graph; tokens equal the eager engine's, log-probabilities within 1e-4."""
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:6]
+    params = [
+        SamplingParams(temperature=0.8, seed=i, max_tokens=24 + 4 * i, ignore_eos=True)
+        for i in range(6)
+    ]
+    params[2] = params[2].replace(repetition_penalty=1.3, logprobs=2)
+    params[3] = params[3].replace(logit_bias={5: 2.0}, min_tokens=8, frequency_penalty=0.5)
+    params[5] = params[5].replace(logprobs=0)
+    spec = SPECS.get(method)
+    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=spec)
+    llm = LLM(str(ZOO / "tinypy"), **kwargs)
+    iteration = llm.engine.runner.decode_step
+    replays, run = [], iteration.run
+    iteration.run = lambda key, *args: replays.append(key in iteration.graphs) or run(key, *args)
+    outs = llm.generate(prompts, params)
+    late = [call for key, call in iteration.graphs.items() if key.features.any]
+    assert len(replays) > 5 and all(replays) and late
+    assert all(call.graph is not None for call in late)
+    eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, **kwargs).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager]
+    for got, want in zip(outs, eager):
+        assert (got.logprobs is None) == (want.logprobs is None)
+        for g, w in zip(got.logprobs or [], want.logprobs or []):
+            assert list(g) == list(w)
+            assert all(abs(g[t].logprob - w[t].logprob) < 1e-4 for t in w)
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("method", ["plain"] + list(SPECS))
 def test_prefill_chunks_replay_captured_forwards(method):
     """Prompts one at a time (each prefill a lone chunk), chunked in 64-token steps, then the first again (a
