@@ -222,6 +222,15 @@ class EngineConfig:
             "'auto', 'cpu' or 'cuda[:N]'",
         )
         object.__setattr__(self, "device", _resolve_device(self.device))
+        if self.speculative is None:  # no speculation, as vLLM's speculative_config=None
+            object.__setattr__(self, "speculative", SpeculativeConfig())
+        require(
+            o,
+            "speculative",
+            self.speculative,
+            isinstance(self.speculative, SpeculativeConfig),
+            "a SpeculativeConfig or None",
+        )
         require(
             o,
             "dtype",

@@ -21,9 +21,10 @@ and a seeded request's randomness there is a function of its seed and that posit
 
 What a step does to the target's logits before verifying them, and what it reports besides tokens, is
 the key's ``LogitsFeatures``: penalties and logit biases at every node (the node's path counted as
-output), a grammar's masks (computed on the host between the draft and the verify forward's logits:
-such a step runs eagerly), the raw log-probabilities of the committed tokens. Keys without any are
-captured at start-up, the others but a grammar's when a batch first needs them (engine/runner.py).
+output), a grammar's masks (a drafting step's computed on the host between the draft and the verify
+forward's logits: such a step runs eagerly; a zero-draft step's written before it launches), the raw
+log-probabilities of the committed tokens. Keys without any are captured at start-up, the others but a
+drafting step's with a grammar when a batch first needs them (engine/runner.py).
 """
 
 from __future__ import annotations
@@ -95,12 +96,23 @@ class DecodeStep:
         self.batch_indices = torch.full(
             (max_seqs,), req_table.padding_index, dtype=torch.int64, device=req_table.device
         )
+        # A zero-draft step's grammar masks [max_seqs, 1, words] int32 (with structured output: ``use_node_masks``):
+        # node 0's mask follows from the committed tokens alone, so the host writes it before the launch and
+        # such a step can be captured; a drafting step's masks follow from its drafts (``run``'s token_masks).
+        self.node_masks: torch.Tensor | None = None
         # what set_rows wrote last, and batch_indices' version counter after it (None: write again)
         self._rows_written: list[int] = []
         self._version_written: int | None = None
         self.graphs: dict[
             StepKey, CapturedCall
         ] = {}  # the captured steps (CUDA; eager replays elsewhere)
+
+    def use_node_masks(self, words: int) -> None:
+        """Structured output is on: allocate ``node_masks`` for bitmasks of ``words`` int32 words."""
+        rows = self.batch_indices.shape[0]
+        self.node_masks = torch.full(
+            (rows, 1, words), -1, dtype=torch.int32, device=self.batch_indices.device
+        )
 
     def capture(self, key: StepKey, memory_pool=None) -> None:
         """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
@@ -127,15 +139,15 @@ class DecodeStep:
     ) -> torch.Tensor:
         """Run the step for the rows in ``batch_indices[:key.bucket]``: the captured graph of the key when
         there is one (full-width block tables), else eagerly over the first ``width`` table columns.
-        ``token_masks``: the grammar's masks (a key with ``features.grammar``). Returns the step's packed
-        outputs (``unpack``)."""
+        ``token_masks``: the grammar's masks of a drafting key with ``features.grammar`` (a zero-draft one reads
+        ``node_masks``). Returns the step's packed outputs (``unpack``)."""
         graph = self.graphs.get(key)
         return graph.replay() if graph is not None else self.step(key, width, token_masks)
 
     def step(
         self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None
     ) -> torch.Tensor:
-        """The iteration (capturable without logits features). Returns [b * (depth + 1) + b (+ b * num_nodes
+        """The iteration (captured where ``key.capturable``). Returns [b * (depth + 1) + b (+ b * num_nodes
         for trees) (+ b * (depth + 1) * (2 + 2k) with log-probabilities)] int64: each row's output tokens
         (accepted drafts, the bonus, then -1), its number of accepted drafts, for trees each node's depth,
         and each output position's packed log-probabilities (``TokenLogprobs.pack``)."""
@@ -283,7 +295,8 @@ class DecodeStep:
                 logits, positions, drafts.token_ids, ancestors
             )
         if key.features.grammar:
-            logits = apply_token_bitmask(logits, token_masks(drafts))
+            masks = self.node_masks[: key.bucket] if token_masks is None else token_masks(drafts)
+            logits = apply_token_bitmask(logits, masks)  # masks: [b, n, words]
         return logits
 
     def state_buffers(self, key: StepKey) -> list[torch.Tensor]:

@@ -112,6 +112,8 @@ class ModelRunner:
         self.decode_step = DecodeStep(
             model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
         )
+        if grammars is not None:
+            self.decode_step.use_node_masks(grammars.mask_words)
         self.prefill_graphs = PrefillGraphs(
             model, self.backend, self.req_table, max_rows, self.states, proposer
         )
@@ -191,10 +193,10 @@ class ModelRunner:
         those without: penalties, biases and log-probability widths multiply the keys past what start-up
         should capture, and an eager step would cost every request of its batch the launches of a whole
         iteration). The capture's warm-up runs the step over idle rows and leaves every request's state as
-        it was (``probe_replays``). A grammar's steps stay eager (``LogitsFeatures.capturable``), and so does
-        a key whose capture ran out of GPU memory (the memory plan sized the KV pool before any such step:
+        it was (``probe_replays``). A drafting step with a grammar stays eager (``StepKey.capturable``), and so
+        does a key whose capture ran out of GPU memory (the memory plan sized the KV pool before any such step:
         engine/memory.py); the engine goes on serving."""
-        if not key.features.capturable or key in self._uncapturable:
+        if not key.capturable or key in self._uncapturable:
             return
         try:
             with self.probe_replays(key):
@@ -423,7 +425,11 @@ class ModelRunner:
         timer = (
             StepTimer(self.device) if self.choosers else None
         )  # adaptive: every step's time is measured
-        masks = (lambda drafts: self._grammar_masks(reqs, drafts)) if key.features.grammar else None
+        masks = None
+        if key.features.grammar and shape.num_steps:
+            masks = lambda drafts: self._grammar_masks(reqs, drafts)  # noqa: E731
+        elif key.features.grammar:
+            self._write_node_masks(reqs, key.bucket)
         out = self.decode_step.run(key, width, masks)
         if timer is not None:
             timer.stop()
@@ -448,6 +454,13 @@ class ModelRunner:
             params = list({id(k): k for k in kinds}.values())
             step = self._step_kinds[distinct] = (SamplingMode.of(params), LogitsFeatures.of(params))
         return step
+
+    def _write_node_masks(self, reqs: list[Request], bucket: int) -> None:
+        """Before a zero-draft step with a grammar: each row's bitmask after its committed tokens (padding
+        rows: none) into ``DecodeStep.node_masks``, which the step reads, captured or not."""
+        none = torch.zeros(bucket, 1, dtype=torch.int64)  # [bucket, 1]: node 0, no parent
+        masks = self.grammars.tree_masks(reqs, none, none - 1)  # [bucket, 1, words]
+        self.decode_step.node_masks[:bucket].copy_(masks, non_blocking=True)
 
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
         """The host's part of a grammar step: each row's bitmask at every draft node ([b, n, words] on the

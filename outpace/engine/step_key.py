@@ -94,17 +94,11 @@ class LogitsFeatures:
     def any(self) -> bool:
         return self.penalties or self.grammar or self.logprobs is not None
 
-    @property
-    def capturable(self) -> bool:
-        """Whether a step with these features can be a captured graph: all but a grammar's, whose masks the
-        host computes from the step's own drafts (engine/decode_step.py)."""
-        return not self.grammar
-
 
 @dataclass(frozen=True)
 class StepKey:
     """What fixes a step's shapes: one captured graph each (those without logits features captured at start-up,
-    those with capturable ones on first use: ``ModelRunner``; a grammar's run eagerly).
+    the other ``capturable`` ones on first use: ``ModelRunner``).
     ``hold``: a zero-draft step that holds (module docstring) rather than runs the draft forward.
     ``narrow``: a drafting step whose drafter holds and none of whose requests holds rows from held steps: the
     draft forward runs over the narrow windows (speculative/proposer.py ``PendingRows.narrow``)."""
@@ -115,6 +109,12 @@ class StepKey:
     features: LogitsFeatures = field(default_factory=LogitsFeatures)
     hold: bool = False
     narrow: bool = False
+
+    @property
+    def capturable(self) -> bool:
+        """Whether the step can be a captured graph: all but a drafting step with a grammar, whose masks the
+        host computes from the step's own drafts (a zero-draft step's: ``DecodeStep.node_masks``)."""
+        return not (self.features.grammar and self.shape.num_steps)
 
     def __post_init__(self) -> None:
         if self.hold and self.shape.num_steps:

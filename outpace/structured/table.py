@@ -22,6 +22,11 @@ class GrammarTable:
         self.compiler = compiler
         self._of: dict[str, RequestGrammar] = {}
 
+    @property
+    def mask_words(self) -> int:
+        """int32 words of one bitmask (``tree_masks``' last dimension)."""
+        return bitmask_words(self.compiler.vocab_size)
+
     def check(self, req: Request) -> None:
         """At admission: the request's constraint compiles (ValueError naming it otherwise)."""
         if req.params.structured_outputs is not None:
@@ -46,9 +51,7 @@ class GrammarTable:
         """[rows, n, words] int32 (host): each row's bitmask at every node of its draft tree; ``tokens``,
         ``parents`` [rows, n] (host; rows past ``reqs`` are padding: no constraint)."""
         rows, n = tokens.shape
-        masks = torch.full(
-            (rows, n, bitmask_words(self.compiler.vocab_size)), -1, dtype=torch.int32
-        )
+        masks = torch.full((rows, n, self.mask_words), -1, dtype=torch.int32)
         token_lists, parent_lists = tokens.tolist(), parents.tolist()
         for i, req in enumerate(reqs):
             grammar = self.get(req)

@@ -4,6 +4,7 @@ the captured step eagerly over the same static buffers, so everything but the ca
 checked here, for every drafter; the GPU tests (tests/gpu/test_gpu.py) check the captured graphs."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import batch_buckets, bucket_for
+from outpace.sampling_params import StructuredOutputsParams
 
 ZOO = "zoo/tinypy"
 EAGLE3 = SpeculativeConfig(method="eagle3", draft="zoo/tinypy-eagle3", num_steps=4)
@@ -263,6 +265,44 @@ def test_steps_with_logits_features_are_captured_on_first_use(prompts, spec):
     late = [key for key in llm.engine.runner.decode_step.graphs if key.features.any]
     assert any(key.features.penalties for key in late)
     assert 5 in {key.features.logprobs for key in late} <= {None, 0, 5}  # 2 rounds up to 5
+    assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [None, SpeculativeConfig(method="mtp", num_steps=3, adaptive=True)],
+    ids=["plain", "mtp"],
+)
+def test_zero_draft_grammar_steps_are_captured(prompts, spec, caplog):
+    """A batch holding grammar-constrained requests: its zero-draft steps (every plain decoding step) read masks
+    the host wrote before the launch and are captured on first use; a drafting step's masks depend on its own
+    drafts, so it runs eagerly. The outputs are those of the engine that captures nothing."""
+    pytest.importorskip("xgrammar")
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params = [SamplingParams(temperature=0, max_tokens=14, ignore_eos=True) for _ in range(4)]
+    for i, constraint in ((1, {"json": schema}), (3, {"regex": "[a-z]{2,9}"})):
+        params[i] = params[i].replace(
+            ignore_eos=False, structured_outputs=StructuredOutputsParams(**constraint)
+        )
+    expected = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:4], params)
+    llm = _graphed(spec)
+    iteration, captured, eager = llm.engine.runner.decode_step, [], []
+    run = iteration.run
+
+    def counting(key, *args):
+        if key.features.grammar:
+            (captured if key in iteration.graphs else eager).append(key.shape.num_steps)
+        return run(key, *args)
+
+    iteration.run = counting
+    outs = llm.generate(prompts[:4], params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
+    assert isinstance(json.loads(outs[1].text)["n"], int) and re.fullmatch(
+        "[a-z]{2,9}", outs[3].text
+    )
+    assert captured and set(captured) == {0} and 0 not in eager
+    assert "grammar refused" not in caplog.text  # (the engine's check of every committed token)
+    assert bool(eager) == (spec is not None)
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 

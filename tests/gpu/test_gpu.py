@@ -2,6 +2,7 @@
 CUDA graphs and the Triton attention backend (the defaults on CUDA) and eagerly with the torch backend."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,32 @@ def test_steps_with_logits_features_replay_graphs_captured_on_first_use(method):
             assert list(g) == list(w)
             assert all(abs(g[t].logprob - w[t].logprob) < 1e-4 for t in w)
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+@pytest.mark.gpu
+def test_plain_grammar_steps_replay_graphs_captured_on_first_use(caplog):
+    """Plain decoding of a batch holding grammar-constrained requests: every decode step replays a graph (the
+    masks written before each launch), the constraints hold, and the tokens equal the eager engine's."""
+    pytest.importorskip("xgrammar")
+    from outpace.sampling_params import StructuredOutputsParams
+
+    prompts = json.loads((ZOO / "eval_prompts.json").read_text())["prompts"][:4]
+    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True) for _ in range(4)]
+    for i, regex in ((1, "[a-z]{2,9}"), (3, "(0|[1-9][0-9]{0,3})[.][0-9]{2}")):
+        params[i] = params[i].replace(
+            ignore_eos=False, structured_outputs=StructuredOutputsParams(regex=regex)
+        )
+    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4)
+    llm = LLM(str(ZOO / "tinypy"), **kwargs)
+    iteration = llm.engine.runner.decode_step
+    replays, run = [], iteration.run
+    iteration.run = lambda key, *args: replays.append(key in iteration.graphs) or run(key, *args)
+    outs = llm.generate(prompts, params)
+    assert len(replays) > 5 and all(replays)
+    assert re.fullmatch("[a-z]{2,9}", outs[1].text) and re.fullmatch(r"\d+\.\d\d", outs[3].text)
+    assert "grammar refused" not in caplog.text
+    eager = LLM(str(ZOO / "tinypy"), cuda_graphs=False, **kwargs).generate(prompts, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in eager]
 
 
 @pytest.mark.gpu
