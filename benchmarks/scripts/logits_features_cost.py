@@ -1,8 +1,7 @@
 """What one request's logits features cost every request of its batch: steady decode tokens/s of bench e2e's
 widened Llama (the 8B shape, bf16 on the GPU; ``--tiny``: its small widening, float32 on a CPU), plain decoding
 and adaptive EAGLE3, greedy batches of b prompts all plain, or one of them with top-5 log-probabilities, or one
-with a repetition penalty, or one constrained by a regular expression (whose drafting steps stay eager: only
-zero-draft steps are captured with a grammar). Each such batch runs twice: its steps eager (``ModelRunner._capture_late`` off: how
+with a repetition penalty, or one constrained by a regular expression. Each such batch runs twice: its steps eager (``ModelRunner._capture_late`` off: how
 every step with logits features ran before 2026-12-07) and captured on first use (as shipped). Prints the table
 and writes it as JSON.
 

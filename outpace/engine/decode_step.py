@@ -21,10 +21,10 @@ and a seeded request's randomness there is a function of its seed and that posit
 
 What a step does to the target's logits before verifying them, and what it reports besides tokens, is
 the key's ``LogitsFeatures``: penalties and logit biases at every node (the node's path counted as
-output), a grammar's masks (a drafting step's computed on the host between the draft and the verify
-forward's logits: such a step runs eagerly; a zero-draft step's written before it launches), the raw
-log-probabilities of the committed tokens. Keys without any are captured at start-up, the others but a
-drafting step's with a grammar when a batch first needs them (engine/runner.py).
+output), a grammar's masks (a drafting step's computed on the host from its drafts between its two captured
+parts, ``MaskedStepCall``; a zero-draft step's written before it launches), the raw log-probabilities of
+the committed tokens. Keys without any are captured at
+start-up, the others when a batch first needs them (engine/runner.py).
 """
 
 from __future__ import annotations
@@ -75,6 +75,16 @@ class StepRows(NamedTuple):
 TokenMasks = Callable[[Drafts], torch.Tensor]
 
 
+class Forwarded(NamedTuple):
+    """A step's first part (``DecodeStep.draft_and_forward``), which its second reads."""
+
+    rows: DecodeRows
+    drafts: Drafts
+    tree_mask: torch.Tensor | None  # [b, n, n] a tree's ancestors (None for a chain)
+    out: object  # the target's forward: hidden_states [b * n, hidden], aux_hidden_states
+    recurrent: object  # hybrid models' per-node states (RecurrentStates.verify), committed after the verify
+
+
 class DecodeStep:
     def __init__(
         self,
@@ -96,10 +106,11 @@ class DecodeStep:
         self.batch_indices = torch.full(
             (max_seqs,), req_table.padding_index, dtype=torch.int64, device=req_table.device
         )
-        # A zero-draft step's grammar masks [max_seqs, 1, words] int32 (with structured output: ``use_node_masks``):
-        # node 0's mask follows from the committed tokens alone, so the host writes it before the launch and
-        # such a step can be captured; a drafting step's masks follow from its drafts (``run``'s token_masks).
-        self.node_masks: torch.Tensor | None = None
+        # Grammar masks [max_seqs, max nodes, words] int32 the step reads where it is given no ``token_masks``
+        # (with structured output: ``use_grammar_masks``): a zero-draft step's follow from the committed tokens
+        # alone, so the host writes them before the launch; a drafting step's from its drafts, so the host
+        # writes them between its two captured parts (``MaskedStepCall``).
+        self.grammar_masks: torch.Tensor | None = None
         # what set_rows wrote last, and batch_indices' version counter after it (None: write again)
         self._rows_written: list[int] = []
         self._version_written: int | None = None
@@ -107,16 +118,22 @@ class DecodeStep:
             StepKey, CapturedCall
         ] = {}  # the captured steps (CUDA; eager replays elsewhere)
 
-    def use_node_masks(self, words: int) -> None:
-        """Structured output is on: allocate ``node_masks`` for bitmasks of ``words`` int32 words."""
+    def use_grammar_masks(self, nodes: int, words: int) -> None:
+        """Structured output is on: allocate ``grammar_masks`` for up to ``nodes`` nodes a row, bitmasks of
+        ``words`` int32 words."""
         rows = self.batch_indices.shape[0]
-        self.node_masks = torch.full(
-            (rows, 1, words), -1, dtype=torch.int32, device=self.batch_indices.device
+        self.grammar_masks = torch.full(
+            (rows, nodes, words), -1, dtype=torch.int32, device=self.batch_indices.device
         )
 
     def capture(self, key: StepKey, memory_pool=None) -> None:
         """Capture the step of this key (on CUDA; elsewhere the replay runs it eagerly)."""
-        self.graphs[key] = CapturedCall(lambda: self.step(key), self.req_table.device, memory_pool)
+        if key.features.grammar and key.shape.num_steps:
+            self.graphs[key] = MaskedStepCall(self, key, memory_pool)
+        else:
+            self.graphs[key] = CapturedCall(
+                lambda: self.step(key), self.req_table.device, memory_pool
+            )
 
     def set_rows(self, req_indices: list[int], bucket: int) -> None:
         """Write a step's rows into ``batch_indices[:bucket]`` (``req_indices`` then the padding row), unless it
@@ -140,17 +157,25 @@ class DecodeStep:
         """Run the step for the rows in ``batch_indices[:key.bucket]``: the captured graph of the key when
         there is one (full-width block tables), else eagerly over the first ``width`` table columns.
         ``token_masks``: the grammar's masks of a drafting key with ``features.grammar`` (a zero-draft one reads
-        ``node_masks``). Returns the step's packed outputs (``unpack``)."""
+        ``grammar_masks``). Returns the step's packed outputs (``unpack``)."""
         graph = self.graphs.get(key)
-        return graph.replay() if graph is not None else self.step(key, width, token_masks)
+        if graph is None:
+            return self.step(key, width, token_masks)
+        return graph.replay(token_masks) if isinstance(graph, MaskedStepCall) else graph.replay()
 
     def step(
         self, key: StepKey, width: int | None = None, token_masks: TokenMasks | None = None
     ) -> torch.Tensor:
-        """The iteration (captured where ``key.capturable``). Returns [b * (depth + 1) + b (+ b * num_nodes
-        for trees) (+ b * (depth + 1) * (2 + 2k) with log-probabilities)] int64: each row's output tokens
-        (accepted drafts, the bonus, then -1), its number of accepted drafts, for trees each node's depth,
-        and each output position's packed log-probabilities (``TokenLogprobs.pack``)."""
+        """The iteration (captured whole, or for a drafting key with a grammar in two parts: ``MaskedStepCall``).
+        Returns [b * (depth + 1) + b (+ b * num_nodes for trees) (+ b * (depth + 1) * (2 + 2k) with
+        log-probabilities)] int64: each row's output tokens (accepted drafts, the bonus, then -1), its number of
+        accepted drafts, for trees each node's depth, and each output position's packed log-probabilities
+        (``TokenLogprobs.pack``)."""
+        with torch.inference_mode():
+            return self.verify_and_commit(key, self.draft_and_forward(key, width), token_masks)
+
+    def draft_and_forward(self, key: StepKey, width: int | None = None) -> Forwarded:
+        """The step's first part: its rows, their drafts and the target's forward over them."""
         s, shape, b = self.req_table, key.shape, key.bucket
         with torch.inference_mode():
             req_indices = self.batch_indices[:b]  # [b]
@@ -194,7 +219,20 @@ class DecodeStep:
                 else:
                     positions = (rows.lengths[:, None] + drafts.depths).reshape(-1)
                 out = self.model(drafts.token_ids.reshape(-1), positions)
-            raw, result = self._verify(key, rows, drafts, out.hidden_states, mask, token_masks)
+            return Forwarded(rows, drafts, mask, out, recurrent)
+
+    def verify_and_commit(
+        self, key: StepKey, forwarded: Forwarded, token_masks: TokenMasks | None = None
+    ) -> torch.Tensor:
+        """The step's second part: the verify of ``forwarded``'s drafts, then every commit (``step``'s
+        outputs)."""
+        s, shape = self.req_table, key.shape
+        rows, drafts, out = forwarded.rows, forwarded.drafts, forwarded.out
+        req_indices = rows.req_indices
+        with torch.inference_mode():
+            raw, result = self._verify(
+                key, rows, drafts, out.hidden_states, forwarded.tree_mask, token_masks
+            )
             if not shape.is_chain:
                 self._commit_tree_kv(rows, result.accepted_path)
             if (
@@ -208,9 +246,11 @@ class DecodeStep:
                     path >= 0,
                 )
             if (
-                n > 1
+                shape.num_nodes > 1
             ):  # (a one-token step advanced the states in place; a no-op without recurrent state)
-                self.states.commit(req_indices, result.last_correct_step_indices, recurrent)
+                self.states.commit(
+                    req_indices, result.last_correct_step_indices, forwarded.recurrent
+                )
             if self.proposer is not None:
                 verified = Verified(rows, out.hidden_states, out.aux_hidden_states, result)
                 if key.hold:
@@ -295,8 +335,11 @@ class DecodeStep:
                 logits, positions, drafts.token_ids, ancestors
             )
         if key.features.grammar:
-            masks = self.node_masks[: key.bucket] if token_masks is None else token_masks(drafts)
-            logits = apply_token_bitmask(logits, masks)  # masks: [b, n, words]
+            n = key.shape.num_nodes
+            masks = (
+                self.grammar_masks[: key.bucket, :n] if token_masks is None else token_masks(drafts)
+            )  # [b, n, words]
+            logits = apply_token_bitmask(logits, masks)
         return logits
 
     def state_buffers(self, key: StepKey) -> list[torch.Tensor]:
@@ -334,6 +377,34 @@ class DecodeStep:
         src_rows = rows.lengths[:, None] + torch.where(path >= 0, path, order)  # unaccepted: stay
         dst_rows = rows.lengths[:, None] + order
         self.kv_rows.move(rows.cache_slots(src_rows), rows.cache_slots(dst_rows))
+
+
+class MaskedStepCall:
+    """A drafting step with a grammar as two captured calls (``DecodeStep.capture``): the draft and the target's
+    forward; then, once the host has read the drafts back and written their masks into ``grammar_masks``, the
+    verify and the commits. The host's part sits between two graph replays rather than inside an eager step. On
+    the CPU each replay runs its part eagerly, the second over the first's latest outputs."""
+
+    def __init__(self, step: DecodeStep, key: StepKey, memory_pool=None) -> None:
+        device, self.step, self.key = step.req_table.device, step, key
+        self.front = CapturedCall(lambda: step.draft_and_forward(key), device, memory_pool)
+        # CUDA: the first part's static outputs, given values before the second part's warm-up reads them
+        self.forwarded: Forwarded | None = self.front.replay() if device.type == "cuda" else None
+        self.back = CapturedCall(
+            lambda: step.verify_and_commit(key, self.forwarded), device, memory_pool
+        )
+        self.replays = 0
+
+    def replay(self, token_masks: TokenMasks) -> torch.Tensor:
+        self.replays += 1
+        self.forwarded = self.front.replay()
+        b, n = self.key.bucket, self.key.shape.num_nodes
+        self.step.grammar_masks[:b, :n].copy_(token_masks(self.forwarded.drafts))
+        return self.back.replay()
+
+    def release(self) -> None:
+        self.front.release()
+        self.back.release()
 
 
 def _version(t: torch.Tensor) -> int | None:

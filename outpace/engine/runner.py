@@ -113,7 +113,8 @@ class ModelRunner:
             model, self.backend, self.kv_caches, self.req_table, proposer, max_seqs, self.states
         )
         if grammars is not None:
-            self.decode_step.use_node_masks(grammars.mask_words)
+            nodes = max(s.num_nodes for s in shapes)
+            self.decode_step.use_grammar_masks(nodes, grammars.mask_words)
         self.prefill_graphs = PrefillGraphs(
             model, self.backend, self.req_table, max_rows, self.states, proposer
         )
@@ -193,10 +194,9 @@ class ModelRunner:
         those without: penalties, biases and log-probability widths multiply the keys past what start-up
         should capture, and an eager step would cost every request of its batch the launches of a whole
         iteration). The capture's warm-up runs the step over idle rows and leaves every request's state as
-        it was (``probe_replays``). A drafting step with a grammar stays eager (``StepKey.capturable``), and so
-        does a key whose capture ran out of GPU memory (the memory plan sized the KV pool before any such step:
-        engine/memory.py); the engine goes on serving."""
-        if not key.capturable or key in self._uncapturable:
+        it was (``probe_replays``). A key whose capture ran out of GPU memory stays eager (the memory plan sized
+        the KV pool before any such step: engine/memory.py); the engine goes on serving."""
+        if key in self._uncapturable:
             return
         try:
             with self.probe_replays(key):
@@ -457,10 +457,10 @@ class ModelRunner:
 
     def _write_node_masks(self, reqs: list[Request], bucket: int) -> None:
         """Before a zero-draft step with a grammar: each row's bitmask after its committed tokens (padding
-        rows: none) into ``DecodeStep.node_masks``, which the step reads, captured or not."""
+        rows: none) into ``DecodeStep.grammar_masks``, which the step reads, captured or not."""
         none = torch.zeros(bucket, 1, dtype=torch.int64)  # [bucket, 1]: node 0, no parent
         masks = self.grammars.tree_masks(reqs, none, none - 1)  # [bucket, 1, words]
-        self.decode_step.node_masks[:bucket].copy_(masks, non_blocking=True)
+        self.decode_step.grammar_masks[:bucket, :1].copy_(masks, non_blocking=True)
 
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
         """The host's part of a grammar step: each row's bitmask at every draft node ([b, n, words] on the

@@ -98,7 +98,7 @@ class LogitsFeatures:
 @dataclass(frozen=True)
 class StepKey:
     """What fixes a step's shapes: one captured graph each (those without logits features captured at start-up,
-    the other ``capturable`` ones on first use: ``ModelRunner``).
+    the others on first use: ``ModelRunner``).
     ``hold``: a zero-draft step that holds (module docstring) rather than runs the draft forward.
     ``narrow``: a drafting step whose drafter holds and none of whose requests holds rows from held steps: the
     draft forward runs over the narrow windows (speculative/proposer.py ``PendingRows.narrow``)."""
@@ -109,12 +109,6 @@ class StepKey:
     features: LogitsFeatures = field(default_factory=LogitsFeatures)
     hold: bool = False
     narrow: bool = False
-
-    @property
-    def capturable(self) -> bool:
-        """Whether the step can be a captured graph: all but a drafting step with a grammar, whose masks the
-        host computes from the step's own drafts (a zero-draft step's: ``DecodeStep.node_masks``)."""
-        return not (self.features.grammar and self.shape.num_steps)
 
     def __post_init__(self) -> None:
         if self.hold and self.shape.num_steps:

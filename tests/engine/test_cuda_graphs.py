@@ -270,13 +270,20 @@ def test_steps_with_logits_features_are_captured_on_first_use(prompts, spec):
 
 @pytest.mark.parametrize(
     "spec",
-    [None, SpeculativeConfig(method="mtp", num_steps=3, adaptive=True)],
-    ids=["plain", "mtp"],
+    [
+        None,
+        SpeculativeConfig(method="mtp", num_steps=3, adaptive=True),
+        SpeculativeConfig(
+            method="eagle3", draft="zoo/tinypy-eagle3", num_steps=3, topk=2, num_draft_tokens=6
+        ),
+    ],
+    ids=["plain", "mtp-adaptive", "eagle3-tree"],
 )
-def test_zero_draft_grammar_steps_are_captured(prompts, spec, caplog):
+def test_grammar_steps_are_captured(prompts, spec, caplog):
     """A batch holding grammar-constrained requests: its zero-draft steps (every plain decoding step) read masks
-    the host wrote before the launch and are captured on first use; a drafting step's masks depend on its own
-    drafts, so it runs eagerly. The outputs are those of the engine that captures nothing."""
+    the host wrote before the launch; its drafting steps run in two captured parts, the host writing the masks
+    of their drafts in between. Both are captured on first use, and the outputs are those of the engine that
+    captures nothing."""
     pytest.importorskip("xgrammar")
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     params = [SamplingParams(temperature=0, max_tokens=14, ignore_eos=True) for _ in range(4)]
@@ -286,12 +293,12 @@ def test_zero_draft_grammar_steps_are_captured(prompts, spec, caplog):
         )
     expected = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:4], params)
     llm = _graphed(spec)
-    iteration, captured, eager = llm.engine.runner.decode_step, [], []
+    iteration, drafts = llm.engine.runner.decode_step, {True: set(), False: set()}
     run = iteration.run
 
     def counting(key, *args):
         if key.features.grammar:
-            (captured if key in iteration.graphs else eager).append(key.shape.num_steps)
+            drafts[key in iteration.graphs].add(key.shape.num_steps)
         return run(key, *args)
 
     iteration.run = counting
@@ -300,9 +307,9 @@ def test_zero_draft_grammar_steps_are_captured(prompts, spec, caplog):
     assert isinstance(json.loads(outs[1].text)["n"], int) and re.fullmatch(
         "[a-z]{2,9}", outs[3].text
     )
-    assert captured and set(captured) == {0} and 0 not in eager
+    assert not drafts[False]  # no grammar step ran eagerly
+    assert drafts[True] == {0} if spec is None else drafts[True] & {1, 2, 3}
     assert "grammar refused" not in caplog.text  # (the engine's check of every committed token)
-    assert bool(eager) == (spec is not None)
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
 
 

@@ -119,9 +119,11 @@ def test_steps_with_logits_features_replay_graphs_captured_on_first_use(method):
 
 
 @pytest.mark.gpu
-def test_plain_grammar_steps_replay_graphs_captured_on_first_use(caplog):
-    """Plain decoding of a batch holding grammar-constrained requests: every decode step replays a graph (the
-    masks written before each launch), the constraints hold, and the tokens equal the eager engine's."""
+@pytest.mark.parametrize("method", ["plain", "eagle3-tree", "mtp"])
+def test_grammar_steps_replay_graphs_captured_on_first_use(method, caplog):
+    """A batch holding grammar-constrained requests: every decode step replays graphs captured on first use (a
+    zero-draft step's masks written before its launch, a drafting step's between its two parts), the
+    constraints hold, and the tokens equal the eager engine's."""
     pytest.importorskip("xgrammar")
     from outpace.sampling_params import StructuredOutputsParams
 
@@ -131,7 +133,7 @@ def test_plain_grammar_steps_replay_graphs_captured_on_first_use(caplog):
         params[i] = params[i].replace(
             ignore_eos=False, structured_outputs=StructuredOutputsParams(regex=regex)
         )
-    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4)
+    kwargs = dict(device="cuda", dtype="float32", max_num_seqs=4, speculative=SPECS.get(method))
     llm = LLM(str(ZOO / "tinypy"), **kwargs)
     iteration = llm.engine.runner.decode_step
     replays, run = [], iteration.run
