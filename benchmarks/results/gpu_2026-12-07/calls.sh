@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# ARG: features: the engine's logprobs, penalties and output-parameter tests on CUDA (gpu_2026-12-06i/h200.sh tests
-# runs tests/gpu/test_gpu.py, whose *first_use tests capture such steps), then what one such request costs its
-# batch, eager against captured (benchmarks/scripts/logits_features_cost.py: the widened Llama, batches 8 and 32).
-# Under 590 s.
+# ARG: features: the GPU tests of decode steps with logits features or grammars captured on first use
+# (tests/gpu/test_gpu.py -k first_use), the engine's logprobs, penalties and output-parameter tests on CUDA, then
+# what one such request costs its batch, eager against captured (benchmarks/scripts/logits_features_cost.py: the
+# widened Llama, batches 8 and 32). Under 590 s.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "$1" in
 features)
-  OUTPACE_TEST_DEVICE=cuda timeout 160 python3 -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_logprobs.py \
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_gpu.py -k first_use 2>&1 | tail -3
+  OUTPACE_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_logprobs.py \
     tests/engine/test_penalties.py tests/engine/test_output_params.py 2>&1 | tail -3
   timeout $(( 580 - SECONDS )) python3 benchmarks/scripts/logits_features_cost.py $OUT/features_cost.json \
     --workdir /tmp/e2e_llama > $OUT/features_cost.log 2>&1
