@@ -23,8 +23,8 @@ What a step does to the target's logits before verifying them, and what it repor
 the key's ``LogitsFeatures``: penalties and logit biases at every node (the node's path counted as
 output), a grammar's masks (a drafting step's computed on the host from its drafts between its two captured
 parts, ``MaskedStepCall``; a zero-draft step's written before it launches), the raw log-probabilities of
-the committed tokens. Keys without any are captured at
-start-up, the others when a batch first needs them (engine/runner.py).
+the committed tokens. Keys without any are captured at start-up, the others when a batch first needs them
+(engine/runner.py).
 """
 
 from __future__ import annotations
@@ -114,9 +114,8 @@ class DecodeStep:
         # what set_rows wrote last, and batch_indices' version counter after it (None: write again)
         self._rows_written: list[int] = []
         self._version_written: int | None = None
-        self.graphs: dict[
-            StepKey, CapturedCall
-        ] = {}  # the captured steps (CUDA; eager replays elsewhere)
+        # the captured steps (CUDA; eager replays elsewhere)
+        self.graphs: dict[StepKey, CapturedCall | MaskedStepCall] = {}
 
     def use_grammar_masks(self, nodes: int, words: int) -> None:
         """Structured output is on: allocate ``grammar_masks`` for up to ``nodes`` nodes a row, bitmasks of
