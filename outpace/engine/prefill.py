@@ -193,10 +193,7 @@ class PrefillStep:
             positions = to_device([[r.num_tokens] for r in reqs], self.device)  # [n, 1]
             logits = self.req_table.penalties(rows).apply(logits[:, None, :], positions)[:, 0]
         if features.grammar:
-            no_drafts = torch.zeros(len(reqs), 1, dtype=torch.int64)
-            masks = self.grammars.tree_masks(reqs, no_drafts, no_drafts - 1).to(
-                self.device
-            )  # [n, 1, words]
+            masks = self.grammars.next_token_masks(reqs, len(reqs)).to(self.device)  # [n, 1, words]
             logits = apply_token_bitmask(logits, masks[:, 0])
         if all(is_greedy(r.params) for r in reqs):
             tokens = logits.argmax(dim=-1)

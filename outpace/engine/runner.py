@@ -458,8 +458,7 @@ class ModelRunner:
     def _write_node_masks(self, reqs: list[Request], bucket: int) -> None:
         """Before a zero-draft step with a grammar: each row's bitmask after its committed tokens (padding
         rows: none) into ``DecodeStep.grammar_masks``, which the step reads, captured or not."""
-        none = torch.zeros(bucket, 1, dtype=torch.int64)  # [bucket, 1]: node 0, no parent
-        masks = self.grammars.tree_masks(reqs, none, none - 1)  # [bucket, 1, words]
+        masks = self.grammars.next_token_masks(reqs, bucket)  # [bucket, 1, words]
         self.decode_step.grammar_masks[:bucket, :1].copy_(masks, non_blocking=True)
 
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:

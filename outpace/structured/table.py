@@ -45,6 +45,12 @@ class GrammarTable:
     def release(self, request_id: str) -> None:
         self._of.pop(request_id, None)
 
+    def next_token_masks(self, reqs: Sequence[Request], rows: int) -> torch.Tensor:
+        """[rows, 1, words] int32 (host): each request's bitmask for its next token, after its committed output
+        (a tree of node 0 alone; rows past ``reqs``: no constraint)."""
+        none = torch.zeros(rows, 1, dtype=torch.int64)  # node 0, no parent
+        return self.tree_masks(reqs, none, none - 1)
+
     def tree_masks(
         self, reqs: Sequence[Request], tokens: torch.Tensor, parents: torch.Tensor
     ) -> torch.Tensor:
