@@ -9,9 +9,11 @@ mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "$1" in
 features)
-  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_gpu.py -k first_use 2>&1 | tail -3
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_gpu.py -k first_use \
+    > $OUT/gpu_tests.log 2>&1
   OUTPACE_TEST_DEVICE=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_logprobs.py \
-    tests/engine/test_penalties.py tests/engine/test_output_params.py 2>&1 | tail -3
+    tests/engine/test_penalties.py tests/engine/test_output_params.py > $OUT/engine_tests.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/gpu_tests.log $OUT/engine_tests.log
   timeout $(( 580 - SECONDS )) python3 benchmarks/scripts/logits_features_cost.py $OUT/features_cost.json \
     --workdir /tmp/e2e_llama > $OUT/features_cost.log 2>&1
   echo "rc=$? after ${SECONDS}s" >> $OUT/features_cost.log
