@@ -24,7 +24,8 @@ llama_mtp_and_tests() {
   clean $OUT/mtp_b32.log
   grep -E "^(method|[a-z0-9-]+ +[0-9]+ +0\.[08] )|^  [a-z0-9-]+ +b[0-9]|rc=|Error" $OUT/mtp_b32.log
   timeout $(( 575 - SECONDS )) python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_gpu.py \
-    tests/engine/test_engine.py 2>&1 | tail -4
+    tests/engine/test_engine.py > $OUT/gpu_tests.log 2>&1
+  grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/gpu_tests.log
 }
 case "$1" in
 kimi)
