@@ -1,9 +1,11 @@
 """Plain decoding's tokens/s with and without ``--batch-invariant`` on the Llama-3.1-8B shape (random bf16
 weights, CUDA graphs: outpace/bench/gpu.py's builder and decode timer), or on the seed families' public shapes
-(``--shapes``: bench/family_shapes.py, built as bench/families.py builds them), at batch 1 and 8: the mode's
-cost (issue 43 item 8: the target is within 15% of the normal path).
+(``--shapes``: bench/family_shapes.py, built as bench/families.py builds them; ``--layers N`` cuts a shape to its
+first N layers, e.g. the Kimi-K2 slice to 1 dense + 1 MoE layer, 36 GB, for an 80 GB card), at batch 1 and 8: the
+mode's cost (issue 43 item 8: the target is within 15% of the normal path).
 
-    python benchmarks/scripts/batch_invariant_speed.py [--contexts 512 4096] [--shapes qwen3.5,...] [--out FILE.json]
+    python benchmarks/scripts/batch_invariant_speed.py [--contexts 512 4096] [--shapes qwen3.5,...] [--layers N]
+        [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -21,18 +23,23 @@ from outpace.bench.gpu import build_8b, time_decode
 BATCHES = (1, 8)
 
 
-def build(shape: str | None, workdir: Path, max_context: int, invariant: bool):
-    """The Llama-3.1-8B shape (``shape`` None), or a family shape of bench/family_shapes.py."""
+def build(shape: str | None, workdir: Path, max_context: int, invariant: bool, layers: int | None):
+    """The Llama-3.1-8B shape (``shape`` None), or a family shape of bench/family_shapes.py (its first ``layers``
+    layers where given)."""
     if shape is None:
         return build_8b(
             workdir, max_context=max_context, max_num_seqs=max(BATCHES), batch_invariant=invariant
         )
     from outpace.bench import families
-    from outpace.bench.family_shapes import family_shapes
+    from outpace.bench.family_shapes import family_shapes, slice_layers
 
     if max_context > families.CONTEXT:
         raise ValueError(f"family shapes are built for contexts up to {families.CONTEXT}")
     config = family_shapes()[shape].config
+    if layers is not None:
+        if layers > config["num_hidden_layers"]:
+            raise ValueError(f"--layers {layers}: {shape} has {config['num_hidden_layers']} layers")
+        config = slice_layers(config, layers)
     return families.build(workdir, config, max(BATCHES), BATCHES, batch_invariant=invariant)
 
 
@@ -44,7 +51,11 @@ def set_split_rows(rows: int) -> None:
 
 
 def measure(
-    contexts: list[int], steps: int, shape: str | None = None, split_rows: list[int] | None = None
+    contexts: list[int],
+    steps: int,
+    shape: str | None = None,
+    split_rows: list[int] | None = None,
+    layers: int | None = None,
 ) -> list[dict]:
     """One engine per mode (built, timed, freed in turn), the mode's once per ``split_rows`` (None: as
     shipped): a row per (mode, split rows, batch, context)."""
@@ -54,7 +65,7 @@ def measure(
         for invariant, split in modes:
             if split is not None:
                 set_split_rows(split)
-            llm = build(shape, Path(tmp) / "target", max(contexts), invariant)
+            llm = build(shape, Path(tmp) / "target", max(contexts), invariant, layers)
             for context in contexts:
                 for batch in BATCHES:
                     r = time_decode(llm, batch, context, steps)
@@ -64,6 +75,7 @@ def measure(
                             "shape": shape or "llama-3.1-8b",
                             "batch_invariant": invariant,
                             "split_rows": split,
+                            "layers": layers,
                             **r,
                         }
                     )
@@ -96,11 +108,16 @@ def main() -> None:
         default=None,
         help="the mode's KV rows per split to time (attention and MLA; default: as shipped)",
     )
+    ap.add_argument(
+        "--layers", type=int, default=None, help="cut each family shape to its first N layers"
+    )
     a = ap.parse_args()
+    if a.layers is not None and not a.shapes:
+        ap.error("--layers cuts a family shape: give --shapes")
     rows = []
     for shape in a.shapes.split(",") if a.shapes else [None]:
         try:
-            rows += measure(a.contexts, a.steps, shape, a.split_rows)
+            rows += measure(a.contexts, a.steps, shape, a.split_rows, a.layers)
         except Exception as e:  # one shape's failure must not cost the others' figures
             print(f"{shape}: {type(e).__name__}: {e}", flush=True)
     normal = {
