@@ -147,8 +147,10 @@ class EngineConfig:
     the models are loaded, and without it ``CPU_KV_BLOCKS`` blocks (small runs and tests start at once).
     ``max_num_batched_tokens`` bounds the tokens of one forward (prefill is chunked to fit).
     ``enable_prefix_caching``: reuse full KV blocks across requests sharing a prefix (cache/prefix_cache.py);
-    None turns it on wherever the models allow (not on hybrid targets or recurrent drafts, whose state is not
-    cached at block boundaries), True demands it (refused where it cannot work), False turns it off.
+    None turns it on wherever the models allow (not with recurrent drafts, whose state is not cached), True
+    demands it (refused where it cannot work), False turns it off. A hybrid target's prefixes also need their
+    recurrent state: ``num_state_checkpoints`` states saved at block boundaries (cache/state_checkpoints.py;
+    None: ``max_num_seqs``, each a request's state in size; 0 turns prefix caching off for hybrid targets).
     """
 
     model: str
@@ -161,6 +163,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     cpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
+    num_state_checkpoints: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -262,6 +265,18 @@ class EngineConfig:
             self.enable_prefix_caching,
             self.enable_prefix_caching in (None, True, False),
             "None (on where supported), True or False",
+        )
+        require(
+            o,
+            "num_state_checkpoints",
+            self.num_state_checkpoints,
+            self.num_state_checkpoints is None
+            or (
+                isinstance(self.num_state_checkpoints, int)
+                and not isinstance(self.num_state_checkpoints, bool)
+                and self.num_state_checkpoints >= 0
+            ),
+            "None (max_num_seqs) or an integer >= 0",
         )
         require(
             o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0"

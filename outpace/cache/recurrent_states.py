@@ -18,6 +18,10 @@ and MTP accepts both its drafts about half the time.
 Memory: ``bytes_per_request`` (states and their snapshot rows) times the indices, fixed at start-up like the
 KV pool (outpace sizes both from the configuration: ``num_kv_blocks``, ``max_num_seqs`` and the largest
 draft tree; ``nbytes`` is the whole).
+
+With prefix caching, ``allocate_checkpoints`` adds checkpoint rows: a state per row, no snapshots, which
+``save_checkpoints`` fills from request rows after a prefill chunk and ``load_checkpoints`` copies into a joining
+request's row before its first chunk (which rows hold which prefix: cache/state_checkpoints.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from outpace.host_copies import to_device
 from outpace.layers.recurrent import RecurrentMetadata, RecurrentStateLayer
 
 
@@ -46,6 +51,7 @@ class RecurrentStates:
         self.chain_end_in_row = all(layer.chain_end_in_row for layer in self.layers)
         self._states: list[torch.Tensor] = []
         self._snapshots: list[torch.Tensor] = []
+        self._checkpoints: list[torch.Tensor] = []  # per state tensor, [num_checkpoints, ...]
         for layer in self.layers:
             states, snapshots = {}, {}
             for name, (shape, declared) in layer.state_shapes().items():
@@ -78,7 +84,38 @@ class RecurrentStates:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._states + self._snapshots)
+        return sum(
+            t.numel() * t.element_size() for t in self._states + self._snapshots + self._checkpoints
+        )
+
+    def allocate_checkpoints(self, num_checkpoints: int) -> None:
+        """Rows for ``num_checkpoints`` saved states (each a request's states without snapshots), zeroed."""
+        self._checkpoints = [
+            torch.zeros(num_checkpoints, *t.shape[1:], dtype=t.dtype, device=self.device)
+            for t in self._states
+        ]
+
+    def save_checkpoints(self, indices: list[int], slots: list[int]) -> None:
+        """Checkpoint row slots[i] becomes the state of request row indices[i] (queued after the forward that
+        computed it)."""
+        self._copy_rows(self._states, indices, self._checkpoints, slots)
+
+    def load_checkpoints(self, indices: list[int], slots: list[int]) -> None:
+        """Request row indices[i] starts from checkpoint row slots[i] (queued before its first chunk)."""
+        self._copy_rows(self._checkpoints, slots, self._states, indices)
+
+    def _copy_rows(
+        self,
+        sources: list[torch.Tensor],
+        from_rows: list[int],
+        targets: list[torch.Tensor],
+        to_rows: list[int],
+    ) -> None:
+        if not from_rows:
+            return
+        src, dst = to_device(from_rows, self.device), to_device(to_rows, self.device)
+        for source, target in zip(sources, targets):
+            target.index_copy_(0, dst, source.index_select(0, src))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every per-request state tensor ([table_rows, ...]) a step advances (the snapshots are scratch rows

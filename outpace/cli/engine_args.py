@@ -57,8 +57,15 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="reuse KV blocks of shared prompt prefixes across requests (default: on, except for "
-        "hybrid targets and recurrent drafts)",
+        help="reuse KV blocks of shared prompt prefixes across requests (default: on, except with "
+        "recurrent drafts)",
+    )
+    p.add_argument(
+        "--num-state-checkpoints",
+        type=int,
+        default=None,
+        help="hybrid targets with prefix caching: recurrent states kept at block boundaries "
+        "(default: --max-num-seqs; 0 turns their prefix caching off)",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -156,6 +163,7 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
         gpu_memory_utilization=a.gpu_memory_utilization,
         cpu_memory_utilization=a.cpu_memory_utilization,
         enable_prefix_caching=a.enable_prefix_caching,
+        num_state_checkpoints=a.num_state_checkpoints,
         max_num_batched_tokens=a.max_num_batched_tokens,
         attention_backend=a.attention_backend,
         cuda_graphs=not a.enforce_eager,

@@ -172,6 +172,10 @@ class LLMEngine:
         )
         decode_tokens = shapes[-1].num_nodes
         check_decode_fits_a_batch(config, decode_tokens)
+        # (before sizing: a hybrid's state checkpoints are memory the KV pool cannot have)
+        self.prefix_caching_off_reason, checkpoints = set_up_prefix_cache(
+            config, self.runner, self.proposer, self.pool
+        )
         self.memory_plan = None
         if config.kv_blocks_from_memory:
             self.memory_plan = size_kv_pool(
@@ -184,9 +188,6 @@ class LLMEngine:
                 reserved,
                 progress,
             )
-        self.prefix_caching_off_reason = set_up_prefix_cache(
-            config, self.model_config, self.runner, self.proposer, self.pool
-        )
         self.scheduler = Scheduler(
             self.pool,
             config.max_num_seqs,
@@ -195,6 +196,7 @@ class LLMEngine:
             lookahead,
             on_free=self._on_free,
             unsettled_rows=self.proposer.unsettled_rows if spec.enabled else 0,
+            checkpoints=checkpoints,
         )
         self._context_limit, self.max_model_len = context_limit(
             config, max_pos, self.pool, reserved, progress

@@ -1,6 +1,7 @@
 """The prefill step: chunks of prompts (or of recomputed requests) through one target forward.
 
-Host work: flat inputs and (eager) attention metadata built from lists, one forward (the forward
+Host work: flat inputs and (eager) attention metadata built from lists, a hybrid's recurrent-state checkpoints
+loaded before the forward and saved after it (engine/scheduler.py says which), one forward (the forward
 captured for the chunks' count and token bucket when one holds them, engine/prefill_graphs.py), the
 first token sampled for each request whose prompt the chunk completes, the decode state of the requests
 that decode next written into the request table, and the drafter told what was committed
@@ -61,7 +62,11 @@ class PrefillStep:
         done = [i for i, f in enumerate(final) if f]
         with torch.inference_mode():
             input_ids = to_device(ids, self.device)  # [sum(counts)]
+            loads = [(i, s.load_checkpoint) for i, s in zip(req_indices, batch)]
+            self.states.load_checkpoints(*_present(loads))
             key, out = self._forward(reqs, req_indices, starts, counts, tables, input_ids)
+            saves = [(i, s.save_checkpoint) for i, s in zip(req_indices, batch)]
+            self.states.save_checkpoints(*_present(saves))
             if any(r.prompt_logprobs is not None for r in reqs):
                 self._record_prompt_logprobs(reqs, starts, counts, out.hidden_states)
             sampled = torch.empty(0, dtype=torch.int64, device=self.device)  # [len(done)]
@@ -259,3 +264,9 @@ def _tokens_after(
     if tails:
         next_ids[both[len(tokens) + len(ahead) :]] = sampled
     return next_ids, ahead_ids.view(len(reqs), reach)
+
+
+def _present(pairs: list[tuple[int, int | None]]) -> tuple[list[int], list[int]]:
+    """The (request rows, checkpoint slots) of the pairs that name a slot."""
+    kept = [(row, slot) for row, slot in pairs if slot is not None]
+    return [row for row, _ in kept], [slot for _, slot in kept]

@@ -13,6 +13,12 @@ recomputed after preemption, never the token before it either, which decoding re
 request asking for prompt log-probabilities), and after
 every step each running request publishes its full blocks whose rows are settled: computed, and past the
 drafter's ``unsettled_rows``.
+
+A hybrid target's prefix also needs its recurrent state (cache/state_checkpoints.py): with ``checkpoints``, a
+request joins from the longest run of published blocks that ends where a checkpoint was saved, whose state its
+row loads; a prefill chunk that ends on a block boundary saves a checkpoint there, and a chunk that would run
+past a request's last boundary before its last token ends there instead, so every prompt of a block or more
+leaves one (its tail then forwards in the next step).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from outpace.cache.block_pool import BlockPool
+from outpace.cache.state_checkpoints import StateCheckpoints
 from outpace.request import Request, RequestStatus
 
 
@@ -31,6 +38,10 @@ class ScheduledRequest:
     num_new_tokens: int
     num_reused_tokens: int = (
         0  # joining now: rows 0 .. num_reused_tokens - 1 came from the prefix cache
+    )
+    load_checkpoint: int | None = None  # hybrid: the checkpoint its state row starts from (joining)
+    save_checkpoint: int | None = (
+        None  # hybrid: the checkpoint its state is saved to after the chunk
     )
 
     @property
@@ -60,7 +71,8 @@ class Scheduler:
     """``decode_tokens``: tokens one decoding request puts in a forward (1, or the verified tree
     size with speculation); ``lookahead``: KV rows reserved past a decoding request's last token
     (draft and verify rows). ``on_free`` is told about every request whose blocks are freed;
-    ``unsettled_rows``: the drafter's (speculative/proposer.py), 0 without one."""
+    ``unsettled_rows``: the drafter's (speculative/proposer.py), 0 without one; ``checkpoints``: a hybrid
+    target's recurrent-state checkpoints (module docstring), with the pool's prefix cache."""
 
     def __init__(
         self,
@@ -71,7 +83,10 @@ class Scheduler:
         lookahead: int = 0,
         on_free: Callable[[Request], None] = lambda req: None,
         unsettled_rows: int = 0,
+        checkpoints: StateCheckpoints | None = None,
     ) -> None:
+        if checkpoints is not None and pool.prefix_cache is None:
+            raise ValueError("state checkpoints serve a prefix cache: the pool has none")
         self.pool = pool
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -79,6 +94,10 @@ class Scheduler:
         self.lookahead = lookahead
         self.on_free = on_free
         self.unsettled_rows = unsettled_rows
+        self.checkpoints = checkpoints
+        self._saving: dict[
+            str, int
+        ] = {}  # request id -> the checkpoint slot its scheduled chunk saves
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.failed: list[
@@ -101,10 +120,18 @@ class Scheduler:
         if is_decoding(req, computed):
             return 1, self.decode_tokens, computed + 1 + self.lookahead
         n = min(req.num_tokens - computed, budget)
+        if self.checkpoints is not None:  # end at the last boundary a checkpoint can be saved at
+            bs, ahead = self.pool.block_size, self.pool.prefix_cache.reads_ahead
+            boundary = (req.num_tokens - max(1, ahead)) // bs * bs
+            if computed < boundary < computed + n:
+                n = boundary - computed
         return n, n, computed + n
 
     def schedule(self) -> list[ScheduledRequest]:
         """The next step's batch. While suspects remain (``isolate``), the first of them runs alone."""
+        if self.checkpoints is not None:  # (saves of a step that failed: never confirmed)
+            self.checkpoints.release_pending()
+            self._saving.clear()
         suspect = None
         if self.suspects:  # (after a failed step only)
             suspect = next(
@@ -166,12 +193,14 @@ class Scheduler:
             self.preempt(victim)
             if victim is req:
                 break
-        return (ScheduledRequest(req, n), cost) if req.status is RequestStatus.RUNNING else None
+        if req.status is not RequestStatus.RUNNING:
+            return None
+        return self._with_checkpoint(ScheduledRequest(req, n)), cost
 
     def _join(self, req: Request, budget: int) -> tuple[ScheduledRequest, int] | None:
         """Admit the first waiting request, from its cached prefix, if budget and free blocks allow: its
         chunk and forward cost."""
-        reused = self._cached_prefix(req)
+        reused, load = self._cached_prefix(req)
         computed = len(reused) * self.pool.block_size
         n, cost, rows = self._demand(req, budget, computed)
         needed = self.pool.blocks_needed(rows) - len(reused) + self.pool.blocks_taken(reused)
@@ -187,7 +216,22 @@ class Scheduler:
         self.pool.grow(req.request_id, rows)
         req.status = RequestStatus.RUNNING
         self.running.append(req)
-        return ScheduledRequest(req, n, computed), cost
+        return self._with_checkpoint(ScheduledRequest(req, n, computed, load_checkpoint=load)), cost
+
+    def _with_checkpoint(self, chunk: ScheduledRequest) -> ScheduledRequest:
+        """``chunk`` with a checkpoint slot to save to when it is a prefill chunk ending on a block boundary
+        whose key can be formed (its read-ahead tokens known) and has no checkpoint yet."""
+        req, start = chunk.request, chunk.request.num_computed_tokens
+        if self.checkpoints is None or is_decoding(req, start):
+            return chunk
+        end, bs = start + chunk.num_new_tokens, self.pool.block_size
+        if end % bs or end + self.pool.prefix_cache.reads_ahead > req.num_tokens:
+            return chunk
+        key = self.pool.prefix_cache.keys(req.request_id, req.token_ids, end // bs)[-1]
+        chunk.save_checkpoint = self.checkpoints.reserve(key)
+        if chunk.save_checkpoint is not None:
+            self._saving[req.request_id] = chunk.save_checkpoint
+        return chunk
 
     def isolate(self, batch: list[Request]) -> None:
         """A step of ``batch`` failed and the fault cannot be told apart: every running request is preempted
@@ -216,17 +260,29 @@ class Scheduler:
             self.finish(req, "error")
         self.failed.append(req)
 
-    def _cached_prefix(self, req: Request) -> list[int]:
-        """The published blocks a joining request starts from (module docstring)."""
+    def _cached_prefix(self, req: Request) -> tuple[list[int], int | None]:
+        """The published blocks a joining request starts from (module docstring), and with checkpoints the one
+        its state row loads (None: no blocks, or no checkpoints)."""
         if (
             self.pool.prefix_cache is None or req.params.prompt_logprobs is not None
         ):  # (every prompt row's logits)
-            return []
+            return [], None
         keep = 2 if req.num_output_tokens > 0 else 1  # rows the request must still forward
-        return self.pool.cached_blocks(req.request_id, req.token_ids, req.num_tokens - keep)
+        blocks = self.pool.cached_blocks(req.request_id, req.token_ids, req.num_tokens - keep)
+        if self.checkpoints is None or not blocks:
+            return blocks, None
+        keys = self.pool.prefix_cache.keys(req.request_id, req.token_ids, len(blocks))
+        for n in range(len(blocks), 0, -1):
+            if self.checkpoints.lookup(keys[n - 1]) is not None:
+                return blocks[:n], self.checkpoints.use(keys[n - 1])
+        return [], None
 
     def settle(self, req: Request) -> None:
-        """After a step: publish the request's blocks whose rows are settled (module docstring)."""
+        """After a step: publish the request's blocks whose rows are settled (module docstring), and confirm
+        the checkpoint its chunk saved."""
+        slot = self._saving.pop(req.request_id, None)
+        if slot is not None:
+            self.checkpoints.confirm(slot)
         self.pool.publish(
             req.request_id, req.token_ids, req.num_computed_tokens - self.unsettled_rows
         )

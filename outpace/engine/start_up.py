@@ -21,6 +21,7 @@ from outpace.attention.kv_quant import is_fp8, resolve_kv_cache_dtype
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_scales import load_kv_scales
 from outpace.cache.prefix_cache import PrefixCache
+from outpace.cache.state_checkpoints import StateCheckpoints
 from outpace.checkpoint import checkpoint_files
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
 from outpace.distributed.group import RankGroup
@@ -287,31 +288,38 @@ def size_kv_pool(
 
 def set_up_prefix_cache(
     config: EngineConfig,
-    model_config: ModelConfig,
     runner: ModelRunner,
     proposer: Proposer | None,
     pool: BlockPool,
-) -> str | None:
-    """Give the pool a prefix cache unless the configuration turns it off or the models cannot use one;
-    returns why it is off (None: on)."""
+) -> tuple[str | None, StateCheckpoints | None]:
+    """Give the pool a prefix cache unless the configuration turns it off or the models cannot use one, and a
+    hybrid target its state checkpoints (allocated now, before the KV pool is sized from what memory is left):
+    (why it is off, None when on; the checkpoints' index, None without recurrent state)."""
     enable = config.enable_prefix_caching
-    refusal = None
+    checkpoints = 0  # recurrent-state checkpoints (hybrid targets only)
     if runner.has_recurrent_state:
-        refusal = (
-            f"the target {model_config.architecture} has recurrent layers (Mamba / linear "
-            f"attention), and their per-request state is not cached at block boundaries"
-        )
-    elif proposer is not None:
-        refusal = proposer.prefix_caching_refusal()
+        checkpoints = config.num_state_checkpoints
+        checkpoints = config.max_num_seqs if checkpoints is None else checkpoints
+    refusal = proposer.prefix_caching_refusal() if proposer is not None else None
+    if refusal is None and runner.has_recurrent_state and not checkpoints:
+        refusal = "the target has recurrent layers and EngineConfig.num_state_checkpoints is 0"
     if enable and refusal:
         raise ConfigError(f"EngineConfig.enable_prefix_caching=True is invalid: {refusal}")
     if enable is False:
-        return "turned off by enable_prefix_caching=False"
+        return "turned off by enable_prefix_caching=False", None
     if refusal:
         report(f"prefix caching is off: {refusal}", False)
-        return refusal
+        return refusal, None
     pool.prefix_cache = PrefixCache(config.block_size, proposer.kv_reads_ahead if proposer else 0)
-    return None
+    if not checkpoints:
+        return None, None
+    runner.states.allocate_checkpoints(checkpoints)
+    report(
+        f"prefix caching keeps {checkpoints} recurrent-state checkpoints of "
+        f"{runner.states.state_bytes_per_request / (1 << 20):.1f} MiB",
+        False,
+    )
+    return None, StateCheckpoints(checkpoints)
 
 
 def context_limit(

@@ -321,17 +321,21 @@ def tight_cached_llm(llama_dir, speculative: bool):
     return _tight[speculative]
 
 
-def test_hybrid_targets_turn_prefix_caching_off_and_say_why(tmp_path):
+def test_a_recurrent_draft_turns_prefix_caching_off_and_says_why(tmp_path):
+    """A hybrid target keeps state checkpoints (tests/engine/test_hybrid_prefix_cache.py); a standalone draft with
+    recurrent layers has none, so the cache is off, and demanding it is refused naming the draft."""
     from helpers.hybrid_models import make_hybrid, save_hybrid
 
-    path = str(save_hybrid(make_hybrid("qwen3_5"), tmp_path / "qwen3_5"))
-    llm = LLM(path, block_size=4)
+    target = str(save_hybrid(make_hybrid("qwen3_5"), tmp_path / "target"))
+    draft = str(save_hybrid(make_hybrid("qwen3_5"), tmp_path / "draft"))
+    spec = SpeculativeConfig("draft", draft, num_steps=2)
+    llm = LLM(target, block_size=4, speculative=spec)
     assert llm.engine.pool.prefix_cache is None
-    assert "recurrent layers" in llm.engine.prefix_caching_off_reason
+    assert f"the draft {draft} has recurrent layers" in llm.engine.prefix_caching_off_reason
     with pytest.raises(
-        ConfigError, match="enable_prefix_caching=True is invalid: the target .* recurrent layers"
+        ConfigError, match="enable_prefix_caching=True is invalid: the draft .* recurrent layers"
     ):
-        LLM(path, block_size=4, enable_prefix_caching=True)
+        LLM(target, block_size=4, speculative=spec, enable_prefix_caching=True)
     metrics = ServerMetrics("m")
     metrics.watch_prefix_cache(lambda: llm.engine.prefix_cache_stats)
     assert 'outpace:prefix_cache_enabled{model_name="m"} 0.0' in metrics.render().decode()

@@ -247,7 +247,13 @@ def test_hybrid_prefill_chunks_replay_captured_forwards_fp32(target, tmp_path):
         (128, ([ids[:5]], [ids[:30]], [ids], [ids[:3], ids[40:60]])),
         (16, ([ids[:30]],)),
     ):
-        kw = dict(device="cuda", dtype="float32", max_num_seqs=4, max_num_batched_tokens=budget)
+        kw = dict(
+            device="cuda",
+            dtype="float32",
+            max_num_seqs=4,
+            max_num_batched_tokens=budget,
+            enable_prefix_caching=False,  # (its chunks end at block boundaries: the test below)
+        )
         llm = LLM(str(path), **kw)
         graphs = llm.engine.runner.prefill_graphs
         assert graphs.buckets and all(call.graph is not None for call in graphs.graphs.values())
@@ -261,3 +267,30 @@ def test_hybrid_prefill_chunks_replay_captured_forwards_fp32(target, tmp_path):
         assert keys == (
             [(1, 16), (1, 32), (1, 128), (2, 32)] if budget == 128 else [(1, 16), (1, 16)]
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("target", ["tinyqwen35", "nemotron_h"])
+def test_hybrid_prefix_hits_give_the_tokens_of_the_cache_off_fp32(target, tmp_path):
+    """Hybrid prefix caching on the GPU (tests/engine/test_hybrid_prefix_cache.py): prompts sharing a prefix, one
+    at a time and then together, with captured prefill chunks and decode steps, plain and (tinyqwen35) with its MTP
+    layers: the tokens of an engine with the cache off, and hits from the state checkpoints."""
+    from helpers.hybrid_models import make_hybrid, save_hybrid
+
+    path = ZOO / target if target.startswith("tiny") else save_hybrid(make_hybrid(target), tmp_path)
+    text = [(i * 37 + 5) % 120 + 3 for i in range(90)]
+    prompts = [text[:n] + [4 + i] for i, n in enumerate((90, 40, 90, 70, 17, 64))] + [text]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    kw = dict(device="cuda", dtype="float32", max_num_seqs=4, max_num_batched_tokens=128)
+    want = [
+        o.token_ids
+        for o in LLM(str(path), enable_prefix_caching=False, **kw).generate(prompts, params)
+    ]
+    specs = [SpeculativeConfig()] + (
+        [SpeculativeConfig("mtp", num_steps=2)] if target == "tinyqwen35" else []
+    )
+    for spec in specs:
+        llm = LLM(str(path), speculative=spec, **kw)
+        assert [llm.generate([p], params)[0].token_ids for p in prompts] == want
+        assert [o.token_ids for o in llm.generate(prompts, params)] == want
+        assert llm.engine.prefix_cache_stats.hits >= 400, llm.engine.prefix_cache_stats

@@ -99,7 +99,9 @@ def test_state_is_counted_per_slot(checkpoints):
     # 2 gated DeltaNet layers: conv [3, 2 * 16 + 24] (fp32) + state [4, 8, 6] fp32, and one snapshot row each
     per_layer = (3 * 56 + 4 * 8 * 6) * 4
     assert states.bytes_per_request == 2 * 2 * per_layer
-    assert states.nbytes == 4 * states.bytes_per_request  # max_num_seqs + the padding slot
+    assert states.state_bytes_per_request == 2 * per_layer
+    # max_num_seqs + the padding slot, and max_num_seqs prefix checkpoints (a state each, no snapshot)
+    assert states.nbytes == 4 * states.bytes_per_request + 3 * states.state_bytes_per_request
 
 
 QWEN35 = dict(

@@ -5,8 +5,12 @@
 # widened Llama, batches 8 and 32). Under 590 s.
 # ARG: kimi-cut (an 80 GB H100 is enough): issue 43 item 8, the batch-invariant mode's cost on the Kimi-K2 slice cut
 # to 1 dense + 1 MoE layer (36 GB; the 3-layer slice needs an H200's memory).
+# ARG: hybrid: prefix caching for hybrid targets (recurrent-state checkpoints): the GPU tests of hybrids
+# (tests/gpu/test_gpu.py -k hybrid, the batch-invariant hybrid tests), and tests/engine/test_hybrid_prefix_cache.py
+# on the GPU (its engines take the device by default: captured decode steps and prefill chunks).
+# (``features`` wants xgrammar: carry its wheels, README of the device tool; PYTHONPATH keeps /tmp/site.)
 set -u
-export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
+export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
 case "$1" in
@@ -22,6 +26,13 @@ features)
   sed -i -E 's/\r/\n/g' $OUT/features_cost.log
   sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/features_cost.log
   tail -16 $OUT/features_cost.log
+  ;;
+hybrid)
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_gpu.py -k hybrid \
+    tests/gpu/test_batch_invariant_hybrids_gpu.py > $OUT/hybrid_gpu_tests.log 2>&1
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_hybrid_prefix_cache.py \
+    > $OUT/hybrid_prefix_tests.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/hybrid_gpu_tests.log $OUT/hybrid_prefix_tests.log
   ;;
 kimi-cut)
   timeout 400 python3 benchmarks/scripts/batch_invariant_speed.py --shapes kimi-k2-slice --layers 2 --contexts 512 \
