@@ -16,9 +16,10 @@ drafter's ``unsettled_rows``.
 
 A hybrid target's prefix also needs its recurrent state (cache/state_checkpoints.py): with ``checkpoints``, a
 request joins from the longest run of published blocks that ends where a checkpoint was saved, whose state its
-row loads; a prefill chunk that ends on a block boundary saves a checkpoint there, and a chunk that would run
-past a request's last boundary before its last token ends there instead, so every prompt of a block or more
-leaves one (its tail then forwards in the next step).
+row loads; a prefill chunk that ends on a block boundary saves a checkpoint there, and a chunk ends early at two
+boundaries (``_cut_at_checkpoint``): where its tokens leave the published blocks of other requests (so the
+second request sharing a system prompt leaves a checkpoint at its end, for the third and later ones), and its
+last boundary before its last token (a repeated prompt, a chat's next turn); the rest forwards in the next step.
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ class ScheduledRequest:
     num_reused_tokens: int = (
         0  # joining now: rows 0 .. num_reused_tokens - 1 came from the prefix cache
     )
-    load_checkpoint: int | None = None  # hybrid: the checkpoint its state row starts from (joining)
-    save_checkpoint: int | None = (
-        None  # hybrid: the checkpoint its state is saved to after the chunk
-    )
+    # hybrid targets (cache/state_checkpoints.py): the checkpoint a joining request's state row starts from,
+    # and the one the chunk's state is saved to after its forward
+    load_checkpoint: int | None = None
+    save_checkpoint: int | None = None
 
     @property
     def completes_sequence(self) -> bool:
@@ -95,9 +96,8 @@ class Scheduler:
         self.on_free = on_free
         self.unsettled_rows = unsettled_rows
         self.checkpoints = checkpoints
-        self._saving: dict[
-            str, int
-        ] = {}  # request id -> the checkpoint slot its scheduled chunk saves
+        # request id -> the checkpoint slot its scheduled chunk saves, confirmed by ``settle``
+        self._saving: dict[str, int] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.failed: list[
@@ -120,12 +120,20 @@ class Scheduler:
         if is_decoding(req, computed):
             return 1, self.decode_tokens, computed + 1 + self.lookahead
         n = min(req.num_tokens - computed, budget)
-        if self.checkpoints is not None:  # end at the last boundary a checkpoint can be saved at
-            bs, ahead = self.pool.block_size, self.pool.prefix_cache.reads_ahead
-            boundary = (req.num_tokens - max(1, ahead)) // bs * bs
-            if computed < boundary < computed + n:
-                n = boundary - computed
+        if self.checkpoints is not None:
+            n = self._cut_at_checkpoint(req, computed, n)
         return n, n, computed + n
+
+    def _cut_at_checkpoint(self, req: Request, computed: int, n: int) -> int:
+        """A prefill chunk [computed, computed + n) of a hybrid target cut at the first of two block boundaries
+        inside it, each saving a checkpoint: where the request's tokens leave the published blocks (another
+        request's prefix, e.g. a shared system prompt: the next request sharing it then starts there), and its
+        last boundary before its last token (a repeated prompt, a chat's next turn)."""
+        bs, ahead = self.pool.block_size, self.pool.prefix_cache.reads_ahead
+        shared = len(self.pool.cached_blocks(req.request_id, req.token_ids, req.num_tokens - 1))
+        last = (req.num_tokens - max(1, ahead)) // bs
+        cuts = [b * bs for b in (shared, last) if computed < b * bs < computed + n]
+        return min(cuts) - computed if cuts else n
 
     def schedule(self) -> list[ScheduledRequest]:
         """The next step's batch. While suspects remain (``isolate``), the first of them runs alone."""

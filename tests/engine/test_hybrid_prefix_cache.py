@@ -174,6 +174,32 @@ def test_a_joining_request_hits_only_up_to_a_checkpoint():
     assert (chunks["c"].num_reused_tokens, chunks["c"].load_checkpoint) == (36, 0)
 
 
+def run_chunk(sched: Scheduler, chunk) -> None:
+    """The chunk's step ran: its tokens computed, its request settled (blocks published, checkpoint confirmed)."""
+    chunk.request.num_computed_tokens += chunk.num_new_tokens
+    sched.settle(chunk.request)
+
+
+def test_a_chunk_ends_where_its_tokens_leave_the_published_blocks():
+    """A shared system prompt: the second request to share it saves a checkpoint where its tokens leave the
+    first's blocks, and the third starts there."""
+    sched = checkpointing_scheduler()
+    system = list(range(24))
+    sched.add(request("a", system + list(range(100, 118))))  # 42 tokens: a checkpoint at 40 only
+    [a] = sched.schedule()
+    assert (a.num_new_tokens, a.save_checkpoint) == (40, 0)
+    run_chunk(sched, a)
+    sched.add(request("b", system + list(range(200, 220))))
+    chunks = {s.request.request_id: s for s in sched.schedule()}
+    b = chunks["b"]  # no checkpoint at 24: from row 0, cut where it leaves a's blocks
+    assert (b.num_reused_tokens, b.num_new_tokens, b.save_checkpoint) == (0, 24, 1)
+    for chunk in chunks.values():
+        run_chunk(sched, chunk)
+    sched.add(request("c", system + list(range(300, 310))))
+    c = {s.request.request_id: s for s in sched.schedule()}["c"]
+    assert (c.num_reused_tokens, c.load_checkpoint) == (24, 1)
+
+
 def test_a_failed_steps_checkpoints_are_never_looked_up():
     sched = checkpointing_scheduler()
     sched.add(request("a", list(range(37))))

@@ -8,6 +8,8 @@
 # ARG: hybrid: prefix caching for hybrid targets (recurrent-state checkpoints): the GPU tests of hybrids
 # (tests/gpu/test_gpu.py -k hybrid, the batch-invariant hybrid tests), and tests/engine/test_hybrid_prefix_cache.py
 # on the GPU (its engines take the device by default: captured decode steps and prefill chunks).
+# ARG: prefix-ttft: benchmarks/scripts/shared_prefix_ttft.py on the widened Qwen3.5 (/tmp/e2e_qwen35, as the
+# family's closed-batch rounds leave it): 8 requests of a 1024-token shared prefix, cache on and off.
 # (``features`` wants xgrammar: carry its wheels, README of the device tool; PYTHONPATH keeps /tmp/site.)
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
@@ -33,6 +35,13 @@ hybrid)
   timeout 150 python3 -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_hybrid_prefix_cache.py \
     > $OUT/hybrid_prefix_tests.log 2>&1
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/hybrid_gpu_tests.log $OUT/hybrid_prefix_tests.log
+  ;;
+prefix-ttft)
+  timeout 300 python3 benchmarks/scripts/shared_prefix_ttft.py --workdir /tmp/e2e_qwen35 --out $OUT/prefix_ttft.json \
+    > $OUT/prefix_ttft.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/prefix_ttft.log
+  sed -i -E 's/\r/\n/g' $OUT/prefix_ttft.log
+  grep -vE "(it/s|s/it)\]$" $OUT/prefix_ttft.log | tail -6
   ;;
 kimi-cut)
   timeout 400 python3 benchmarks/scripts/batch_invariant_speed.py --shapes kimi-k2-slice --layers 2 --contexts 512 \
