@@ -7,10 +7,11 @@ checkpoint, one request's state copied into a checkpoint row (cache/recurrent_st
 and keyed by the prefix cache's key of the block it ends (the key covers every token before it, and the
 drafter's read-ahead after it: a checkpoint is used exactly where its block is).
 
-Checkpoints are taken at the end of prefill chunks that end on a block boundary, and the scheduler ends a
-chunk at each prompt's last boundary before its last token (engine/scheduler.py), as vLLM aligns hybrid
-prefill chunks with its state blocks; SGLang's MambaRadixCache keeps the state where a request's prefill
-ended, on a token-granular tree, where blocks here need the boundary.
+Checkpoints are taken at the end of prefill chunks that end on a block boundary, and the scheduler ends chunks
+at two boundaries of each prompt (engine/scheduler.py ``_cut_at_checkpoint``): where its tokens leave the blocks
+other requests published, and its last boundary before its last token, as vLLM aligns hybrid prefill chunks with
+its state blocks; SGLang's MambaRadixCache keeps the state where a request's prefill ended, on a token-granular
+tree, where blocks here need the boundary.
 
 This index is host bookkeeping only, the same on every tensor-parallel rank (each rank's scheduler runs the
 same steps). A slot goes through three states: free; pending, reserved by a scheduled chunk whose step has
