@@ -101,6 +101,10 @@ class PrefixCache:
     def is_published(self, block: int) -> bool:
         return block in self._key_of
 
+    def has_key(self, key: bytes) -> bool:
+        """Whether a block is published under ``key``."""
+        return key in self._block_of
+
     def park(self, block: int) -> None:
         """A published block left its last table: idle, the most recently used."""
         self._idle[block] = None

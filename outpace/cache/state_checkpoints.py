@@ -25,6 +25,7 @@ step is read by that step's loads first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Callable
 
 
 class StateCheckpoints:
@@ -45,16 +46,20 @@ class StateCheckpoints:
         self._confirmed.move_to_end(key)
         return self._confirmed[key]
 
-    def reserve(self, key: bytes) -> int | None:
-        """A slot for a checkpoint of ``key`` about to be saved: a free one, else the least recently used
-        confirmed one (its key forgotten); None when ``key`` has one already (confirmed or pending) or every
+    def reserve(self, key: bytes, published: Callable[[bytes], bool]) -> int | None:
+        """A slot for a checkpoint of ``key`` about to be saved: a free one, else that of the least recently used
+        confirmed key whose block is no longer ``published`` (no request can start from it), else the least
+        recently used one (its key forgotten); None when ``key`` has one already (confirmed or pending) or every
         slot is pending."""
         if key in self._confirmed or key in self._pending.values():
             return None
         if self._free:
             slot = self._free.pop()
         elif self._confirmed:
-            _, slot = self._confirmed.popitem(last=False)
+            dead = next((k for k in self._confirmed if not published(k)), None)
+            slot = (
+                self._confirmed.pop(dead) if dead is not None else self._confirmed.popitem(False)[1]
+            )
         else:
             return None
         self._pending[slot] = key

@@ -236,7 +236,7 @@ class Scheduler:
         if end % bs or end + self.pool.prefix_cache.reads_ahead > req.num_tokens:
             return chunk
         key = self.pool.prefix_cache.keys(req.request_id, req.token_ids, end // bs)[-1]
-        chunk.save_checkpoint = self.checkpoints.reserve(key)
+        chunk.save_checkpoint = self.checkpoints.reserve(key, self.pool.prefix_cache.has_key)
         if chunk.save_checkpoint is not None:
             self._saving[req.request_id] = chunk.save_checkpoint
         return chunk

@@ -216,13 +216,22 @@ def test_a_failed_steps_checkpoints_are_never_looked_up():
 
 
 def test_checkpoint_slots_are_reused_least_recently_used_first():
-    index = StateCheckpoints(2)
-    a, b, c = index.reserve(b"a"), index.reserve(b"b"), index.reserve(b"c")
+    index, published = StateCheckpoints(2), lambda key: True
+    a, b, c = (index.reserve(k, published) for k in (b"a", b"b", b"c"))
     assert (a, b, c) == (0, 1, None)  # every slot pending
-    assert index.reserve(b"a") is None  # a key pending already
+    assert index.reserve(b"a", published) is None  # a key pending already
     index.confirm(a)
     index.confirm(b)
     assert index.use(b"a") == 0  # b is now the least recently used
-    assert index.reserve(b"c") == 1 and index.lookup(b"b") is None
+    assert index.reserve(b"c", published) == 1 and index.lookup(b"b") is None
     index.release_pending()
-    assert index.lookup(b"c") is None and index.reserve(b"d") == 1
+    assert index.lookup(b"c") is None and index.reserve(b"d", published) == 1
+
+
+def test_a_checkpoint_whose_block_was_evicted_goes_first():
+    index = StateCheckpoints(2)
+    for key in (b"a", b"b"):
+        index.confirm(index.reserve(key, lambda k: True))
+    index.use(b"a")  # b the least recently used, but a's block is gone
+    assert index.reserve(b"c", lambda k: k != b"a") == 0
+    assert index.lookup(b"a") is None and index.lookup(b"b") == 1
