@@ -32,7 +32,6 @@ class StateCheckpoints:
     def __init__(self, num_slots: int) -> None:
         if num_slots < 1:
             raise ValueError(f"state checkpoints need a slot, got {num_slots}")
-        self.num_slots = num_slots
         self._free = list(range(num_slots - 1, -1, -1))
         self._pending: dict[int, bytes] = {}
         self._confirmed: OrderedDict[bytes, int] = OrderedDict()  # least recently used first
