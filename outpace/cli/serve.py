@@ -78,6 +78,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "that HTTP streaming and the engine's host work do not share one interpreter (implied by "
         "--data-parallel-size > 1)",
     )
+    s.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="split a chat's thinking into reasoning_content (deepseek_r1, deepseek_v3, qwen3, kimi_k2, "
+        "nemotron_v3, step3p5; SGLang's dashed spellings too)",
+    )
+    s.add_argument(
+        "--tool-call-parser",
+        default=None,
+        metavar="NAME",
+        help="parse a chat's tool calls into tool_calls, in the model's format (e.g. hermes for Qwen, "
+        "qwen3_coder, deepseek_v3, deepseek_v31, kimi_k2, mistral, llama3_json)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=run)
 
@@ -132,4 +146,6 @@ def run(a: argparse.Namespace) -> None:
         drain_timeout=a.drain_timeout,
         data_parallel_size=a.data_parallel_size,
         engine_process=a.engine_process,
+        reasoning_parser=a.reasoning_parser,
+        tool_call_parser=a.tool_call_parser,
     )

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect
 from outpace import __version__
 from outpace.config import EngineConfig
 from outpace.server.async_engine import EngineError, QueueFull
+from outpace.server.chat_output import ChatParsers
 from outpace.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from outpace.server.protocol import (
     APIError,
@@ -42,10 +43,12 @@ from outpace.server.protocol import (
     bad_request,
     parse_body,
 )
+from outpace.server.reasoning import reasoning_format
 from outpace.server.replicas import serving_engine
 from outpace.server.request_inputs import RequestInputs
 from outpace.server.responses import Job
 from outpace.server.streaming import GenerationResponse, json_producer, send_json, stream_producer
+from outpace.server.tool_calls import tool_call_format
 from outpace.validation import ConfigError
 
 logger = logging.getLogger("outpace.server")
@@ -120,6 +123,8 @@ def build_app(
     drain_timeout: float | None = None,
     data_parallel_size: int = 1,
     engine_process: bool = False,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """Load the engine and build the app. The engine thread starts and stops with the app's lifespan;
     stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts).
@@ -129,8 +134,14 @@ def build_app(
     bodies of ``max_body_bytes`` (413 beyond). With ``api_key`` the /v1 routes and /tokenize,
     /detokenize need the bearer token. ``data_parallel_size`` engine replicas serve behind it, each
     in a process of its own; one replica runs in this process unless ``engine_process``
-    (server/replicas.py ``serving_engine``).
+    (server/replicas.py ``serving_engine``). ``reasoning_parser`` and ``tool_call_parser`` name the formats a
+    chat's thinking and tool calls are parsed from (server/chat_output.py).
     """
+    try:  # (before the model loads)
+        thinking = reasoning_format(reasoning_parser) if reasoning_parser else None
+        tool_calls = tool_call_format(tool_call_parser) if tool_call_parser else None
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     limits = (
         ("max_tokens_limit", max_tokens_limit),
         ("max_n", max_n),
@@ -148,6 +159,7 @@ def build_app(
         engine_config, metrics, log_interval, data_parallel_size, engine_process
     )
     inputs = RequestInputs(engine, max_tokens_limit, max_choices)
+    parsers = ChatParsers.of(thinking, tool_calls, engine.tokenizer)
     created = int(time.time())
 
     @asynccontextmanager
@@ -312,7 +324,8 @@ def build_app(
             inputs.tokenize_chat if chat else inputs.tokenize_prompts, body
         )
         param = "messages" if chat else "prompt"
-        job = Job(chat, body, prompt_ids, prompt_texts, model_name, engine.tokenizer)
+        parsing = parsers.for_request(body, prompt_texts[0]) if chat else None
+        job = Job(chat, body, prompt_ids, prompt_texts, model_name, engine.tokenizer, parsing)
         requests = inputs.engine_requests(body, job.id, prompt_ids, param)
         try:
             stream = engine.open_stream(requests, max_queued_requests)

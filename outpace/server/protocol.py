@@ -13,6 +13,7 @@ absent, and a few vLLM fields are taken at the one value that asks for nothing m
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -330,10 +331,26 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class MessageToolCall(_Body):
+    """A tool call of an earlier assistant message, sent back with the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
+    reasoning_content: str | None = None  # an assistant's thinking (templates that show it use it)
 
     def text(self, i: int) -> str:
         if self.content is None:
@@ -352,13 +369,79 @@ class ChatMessage(_Body):
         return "".join(parts)
 
 
-def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template expects them (``developer`` is OpenAI's new name for system)."""
+def conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them (``developer`` is OpenAI's new name for system); an
+    assistant's tool calls carry their arguments as an object, which the templates of Qwen, DeepSeek and Kimi
+    render (vLLM parses them likewise: ``_postprocess_messages`` in vllm/entrypoints/chat_utils.py)."""
     out = []
     for i, m in enumerate(messages):
-        role = "system" if m.role == "developer" else m.role
-        out.append({"role": role, "content": m.text(i)})
+        message: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": m.text(i),
+        }
+        for key in ("name", "tool_call_id", "reasoning_content"):
+            if getattr(m, key) is not None:
+                message[key] = getattr(m, key)
+        if m.tool_calls:
+            message["tool_calls"] = [
+                _template_call(c, f"messages.{i}.tool_calls.{j}")
+                for j, c in enumerate(m.tool_calls)
+            ]
+        out.append(message)
     return out
+
+
+def _template_call(call: MessageToolCall, param: str) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.function.arguments)
+    except json.JSONDecodeError as e:
+        raise bad_request(
+            f"function.arguments is not JSON: {e}", param + ".function.arguments"
+        ) from None
+    if not isinstance(arguments, dict):
+        raise bad_request("function.arguments is not a JSON object", param + ".function.arguments")
+    function = {"name": call.function.name, "arguments": arguments}
+    return {"id": call.id, "type": "function", "function": function}
+
+
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+# apply_chat_template's own parameters: not for chat_template_kwargs to set
+_TEMPLATE_PARAMETERS = {
+    "conversation",
+    "tools",
+    "documents",
+    "chat_template",
+    "add_generation_prompt",
+    "continue_final_message",
+    "tokenize",
+    "padding",
+    "truncation",
+    "max_length",
+    "return_tensors",
+    "return_dict",
+    "return_assistant_tokens_mask",
+    "tokenizer_kwargs",
+}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -366,9 +449,11 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
-    tools: list[Any] | None = None
-    functions: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    chat_template_kwargs: dict[str, Any] | None = (
+        None  # extra variables of the chat template (vLLM's)
+    )
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # the chat template holds the special tokens (vLLM's default)
 
@@ -380,10 +465,12 @@ class ChatCompletionRequest(SamplingFields):
             raise bad_request(
                 f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs"
             )
-        if self.tools or self.functions:
-            raise unsupported("tools are not supported", "tools")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise unsupported("tool_choice is not supported", "tool_choice")
+        for key in self.chat_template_kwargs or {}:
+            if key in _TEMPLATE_PARAMETERS:
+                raise bad_request(
+                    f"{key} is a parameter of the chat template's call, not a variable of the template",
+                    f"chat_template_kwargs.{key}",
+                )
         if not self.messages:
             raise bad_request("messages is empty: at least one message is needed", "messages")
 
@@ -395,8 +482,61 @@ class ChatCompletionRequest(SamplingFields):
             return self.max_completion_tokens, "max_completion_tokens"
         return self.max_tokens, "max_tokens"
 
-    def conversation(self) -> list[dict[str, str]]:
+    def conversation(self) -> list[dict[str, Any]]:
         return conversation(self.messages)
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the output is parsed for tool calls in the model's format: tools given, tool_choice auto."""
+        return bool(self.tools) and self.tool_choice in (None, "auto")
+
+    @property
+    def forced_tool(self) -> str | None:
+        """The function tool_choice names, or "required" (a call of any); None: the model chooses."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return "required" if self.tool_choice == "required" else None
+
+    def constraint_source(self) -> tuple[str, dict[str, Any]] | None:
+        """A forced tool choice constrains the output to JSON, as vLLM's does
+        (vllm/entrypoints/openai/protocol.py ``_get_json_schema_from_tool``): the named function's arguments,
+        or for "required" an array of at least one ``{"name", "parameters"}`` of any tool."""
+        given, forced = super().constraint_source(), self.forced_tool
+        if forced is None:
+            return given
+        if given is not None:
+            raise bad_request(
+                f"tool_choice and {given[0]} both constrain the output: give one", given[0]
+            )
+        tools = {
+            t.function.name: t.function.parameters or {"type": "object"} for t in self.tools or []
+        }
+        if not tools:
+            raise bad_request(
+                "tool_choice forces a tool call, but no tools are given", "tool_choice"
+            )
+        if forced not in (*tools, "required"):
+            raise bad_request(
+                f"tool_choice names the function {forced!r}, which tools do not define",
+                "tool_choice.function.name",
+            )
+        if forced != "required":
+            return "tool_choice", {"json": tools[forced]}
+        calls = [
+            {
+                "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+                "required": ["name", "parameters"],
+            }
+            for name, schema in tools.items()
+        ]
+        items = {"type": "object", "anyOf": calls}
+        return "tool_choice", {"json": {"type": "array", "minItems": 1, "items": items}}
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template and the tool-call parsers take them."""
+        if not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
 
 
 class TokenizeRequest(_Body):

@@ -7,6 +7,8 @@ thread), checks it against the model and the server's limits, and builds what ``
 
 from __future__ import annotations
 
+from typing import Any
+
 from outpace.sampling_params import SamplingParams
 from outpace.server.protocol import (
     APIError,
@@ -34,14 +36,25 @@ class RequestInputs:
             raise bad_request("this model has no tokenizer: send token ids")
         return self.engine.tokenizer
 
-    def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-        """The chat template applied to ``messages``."""
+    def chat_text(
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """The chat template applied to ``messages``, given ``tools`` and the variables ``template_kwargs``
+        (e.g. Qwen3's ``enable_thinking``, DeepSeek-V3.1's ``thinking``)."""
         tok = self.engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise bad_request("this model has no chat template: use /v1/completions", "messages")
         try:
             return tok.apply_chat_template(
-                conversation(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+                conversation(messages),
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **(template_kwargs or {}),
             )
         except APIError:
             raise
@@ -86,7 +99,9 @@ class RequestInputs:
 
     def tokenize_chat(self, body: ChatCompletionRequest) -> tuple[list[list[int]], list[str]]:
         """The one prompt of a chat: the templated messages' token ids and text."""
-        text = self.chat_text(body.messages, body.add_generation_prompt)
+        text = self.chat_text(
+            body.messages, body.add_generation_prompt, body.tool_dicts(), body.chat_template_kwargs
+        )
         tok = self.engine.tokenizer
         return [tok.encode(text, add_special_tokens=body.add_special_tokens)], [text]
 

@@ -6,7 +6,9 @@ Completions' ``logprobs`` object: per token its text (``tokens``), its log-proba
 (``top_logprobs``: up to logprobs + 1 entries, as OpenAI's legacy API and vLLM give) and its offset in
 the text (``text_offset``). With ``echo`` the prompt's tokens come first; nothing predicts the
 prompt's first token, so its log-probability and top dict are null. Chat's ``logprobs.content``
-lists per token its text, log-probability, bytes and the ``top_logprobs`` most likely tokens.
+lists per token its text, log-probability, bytes and the ``top_logprobs`` most likely tokens. A chat's
+message or delta holds ``reasoning_content`` and ``tool_calls`` where the server parses them
+(server/chat_output.py).
 A log-probability of -inf shows as -9999.0 (JSON has no infinity; vLLM's value).
 
 Each response carries its speculative metrics in the extension field ``spec_metrics``
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from outpace.request import PositionLogprobs, RequestOutput
+from outpace.server.chat_output import ChatParsing, finish_reason
 from outpace.server.protocol import SamplingFields
 from outpace.speculative.metrics import SpecMetrics
 
@@ -107,8 +110,11 @@ class Job:
         prompt_texts: list[str],
         model: str,
         tokenizer=None,
+        parsing: ChatParsing | None = None,
     ) -> None:
+        """``parsing``: a chat's reasoning and tool-call parsing (server/chat_output.py), None for none."""
         self.chat, self.body, self.model = chat, body, model
+        self.parsing = parsing if parsing is not None and parsing.parses else None
         self.prompt_ids, self.prompt_texts = prompt_ids, prompt_texts
         self.tokenizer = tokenizer  # the engine's, to show log-probabilities' tokens
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -183,13 +189,17 @@ class Job:
     def choice(self, index: int, out: RequestOutput) -> dict:
         text = self.echo_prefix(index) + ("" if self.echo_only else out.text)
         choice: dict[str, Any] = {"index": index}
-        if self.chat:
+        called = False
+        if self.parsing is not None:
+            choice["message"] = self.parsing.message(text)
+            called = "tool_calls" in choice["message"]
+        elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         choice.update(
             logprobs=self.logprobs(out),
-            finish_reason=out.finish_reason,
+            finish_reason=finish_reason(out.finish_reason, called),
             stop_reason=out.stop_reason,
             spec_metrics=out.spec_metrics.to_dict(),
         )
@@ -213,23 +223,28 @@ class Job:
         self,
         index: int,
         text: str | None,
-        finish: RequestOutput | None = None,
-        role: bool = False,
         logprobs: dict | None = None,
         num_output_tokens: int = 0,
+        fields: dict[str, Any] | None = None,
+        finish: RequestOutput | None = None,
+        called: bool = False,
+        role: bool = False,
     ) -> dict:
         """A stream chunk of choice ``index``; with ``continuous_usage_stats`` its usage so far
-        (``num_output_tokens``)."""
+        (``num_output_tokens``). A chat's delta holds ``text`` as its content, or the parsed ``fields``
+        (server/chat_output.py ``ChoiceStream``); ``called``: the choice called a tool."""
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            delta.update(fields or {})
             choice: dict[str, Any] = {"index": index, "delta": delta}
         else:
             choice = {"index": index, "text": text or ""}
-        choice.update(logprobs=logprobs, finish_reason=finish.finish_reason if finish else None)
+        reason = finish_reason(finish.finish_reason, called) if finish else None
+        choice.update(logprobs=logprobs, finish_reason=reason)
         if finish is not None:
             choice["stop_reason"] = finish.stop_reason
         chunk = {

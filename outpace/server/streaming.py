@@ -5,7 +5,8 @@ A producer (``json_producer``, ``stream_producer``) writes the answer of a ``Gen
 
 A stream opens with a chunk per choice (chat: the role; completions with ``echo``: the prompt), then
 sends each choice's new text as it comes (``TextDelta``), with the log-probabilities of the tokens
-that arrived since the choice's last chunk when asked; a chunk with the finish reason ends each
+that arrived since the choice's last chunk when asked (a chat's reasoning and tool calls parsed from it where
+the server parses them: server/chat_output.py ``ChoiceStream``); a chunk with the finish reason ends each
 choice, a usage chunk (``include_usage``) and ``[DONE]`` end the stream. With echo and logprobs the
 prompt's chunk waits for the prompt's log-probabilities, which exist once the prompt has run.
 """
@@ -22,6 +23,7 @@ from fastapi.responses import Response
 
 from outpace.request import RequestOutput
 from outpace.server.async_engine import EngineError, GenerationStream
+from outpace.server.chat_output import ChoiceStream
 from outpace.server.protocol import APIError
 from outpace.server.responses import Job, sse
 
@@ -129,6 +131,7 @@ class _ChoiceState:
     """What one choice of a stream has sent so far."""
 
     text: TextDelta
+    parsed: ChoiceStream | None = None  # a chat's reasoning and tool calls (server/chat_output.py)
     echoed: bool = False
     tokens: int = 0  # output tokens whose log-probabilities were sent
     offset: int = 0  # characters of text sent (completions' text_offset)
@@ -136,7 +139,11 @@ class _ChoiceState:
 
 async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
     num = len(stream.requests)
-    states = [_ChoiceState(TextDelta(r.params.stop)) for r in stream.requests]
+    parsing = job.parsing
+    states = [
+        _ChoiceState(TextDelta(r.params.stop), parsing.stream() if parsing else None)
+        for r in stream.requests
+    ]
     finals: list[RequestOutput | None] = [None] * num
     with_logprobs = job.top_logprobs is not None
     for index in range(num):  # the opening chunk: the role (chat) or the echoed prompt
@@ -159,12 +166,18 @@ async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
                 lp = job.output_logprobs(out, state.tokens, state.offset)
                 state.tokens = num_tokens
             state.offset += len(text)
-            if text or lp is not None:
-                yield sse(job.chunk(index, text, logprobs=lp, num_output_tokens=num_tokens))
+            fields = None
+            if state.parsed is not None:  # the text goes out as the fields parsed from it
+                text, fields = None, state.parsed.feed(text, out.finished)
+            if text or fields or lp is not None:
+                yield sse(job.chunk(index, text, lp, num_tokens, fields))
             if out.finished:
                 finals[index] = out
                 final = None if job.chat else ""
-                yield sse(job.chunk(index, final, finish=out, num_output_tokens=num_tokens))
+                called = state.parsed is not None and state.parsed.num_calls > 0
+                yield sse(
+                    job.chunk(index, final, finish=out, num_output_tokens=num_tokens, called=called)
+                )
     except EngineError as e:
         yield sse(APIError(500, str(e), code="engine_error", type="server_error").to_dict())
         yield b"data: [DONE]\n\n"

@@ -236,10 +236,10 @@ def test_null_and_neutral_fields_are_accepted(http):
     )
     messages = [{"role": "user", "content": "hi", "tool_calls": None}]
     post(http, "/v1/chat/completions", {"messages": messages, "max_tokens": 2})
-    messages[0]["tool_calls"] = [{"id": "call-1"}]
+    messages[0]["tool_calls"] = [{"id": "call-1"}]  # (no function)
     assert (
         refused(http, "/v1/chat/completions", {"messages": messages})["param"]
-        == "messages.0.tool_calls"
+        == "messages.0.tool_calls.0.function"
     )
 
 

@@ -1,0 +1,170 @@
+"""What a chat choice's generated text becomes in the answer: ``content``, and with the server's parsers its
+``reasoning_content`` (``--reasoning-parser``, server/reasoning.py) and ``tool_calls`` (``--tool-call-parser``,
+server/tool_calls.py), for the whole message and for a stream's deltas.
+
+The reasoning is split off first and the tool calls are parsed from what follows it, as SGLang and vLLM
+chain their two parsers. A forced tool choice (``required`` or a named function) needs no parser: its output
+is the JSON its constraint allows (server/protocol.py ``constraint_source``), read whole at the end (while
+streaming too), and not split for reasoning, which the constraint leaves no room for. A choice that called a tool and stopped on its own ends with finish_reason
+"tool_calls" (OpenAI's); a call's id is the format's own where it has one (Kimi-K2's), else ``call_`` and
+24 hex digits.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from outpace.server.protocol import ChatCompletionRequest, bad_request
+from outpace.server.reasoning import THINK_END, THINK_START, ReasoningStream, ThinkingFormat
+from outpace.server.tool_calls import ToolCall, ToolCallFormat, ToolCallStream
+
+
+@dataclass(frozen=True)
+class ChatParsers:
+    """The server's parsers; ``special_markers``: a parser's markers are special tokens of the tokenizer, which
+    the output's text must then keep (vLLM sets ``skip_special_tokens`` false for such parsers)."""
+
+    reasoning: ThinkingFormat | None = None
+    tools: ToolCallFormat | None = None
+    special_markers: bool = False
+
+    @classmethod
+    def of(
+        cls, reasoning: ThinkingFormat | None, tools: ToolCallFormat | None, tokenizer
+    ) -> ChatParsers:
+        markers = ([THINK_START, THINK_END] if reasoning else []) + ([tools.start] if tools else [])
+        return cls(reasoning, tools, any(_is_special(tokenizer, m) for m in markers))
+
+    def for_request(self, body: ChatCompletionRequest, prompt: str) -> ChatParsing:
+        """How one request's choices are parsed; tools asked for without a parser are refused by name."""
+        calls_tools, forced = body.calls_tools, body.forced_tool
+        if forced is not None:
+            return ChatParsing(None, None, body.tool_dicts(), prompt, forced)
+        if calls_tools and self.tools is None:
+            raise bad_request(
+                'tool_choice "auto" (the default with tools) needs the server started with '
+                "--tool-call-parser",
+                "tool_choice",
+            )
+        if self.special_markers and (self.reasoning or calls_tools):
+            body.skip_special_tokens = False
+        return ChatParsing(
+            self.reasoning, self.tools if calls_tools else None, body.tool_dicts(), prompt
+        )
+
+
+def _is_special(tokenizer, marker: str) -> bool:
+    """Whether decoding without special tokens drops ``marker`` (it is one, or is made of them)."""
+    if tokenizer is None:
+        return False
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    return marker not in tokenizer.decode(ids, skip_special_tokens=True)
+
+
+@dataclass(frozen=True)
+class ChatParsing:
+    reasoning: ThinkingFormat | None
+    tools: ToolCallFormat | None  # None: tool calls are not parsed
+    tool_list: list[dict[str, Any]] | None
+    prompt: str
+    forced: str | None = None  # a forced tool choice: the function's name, or "required"
+
+    @property
+    def parses(self) -> bool:
+        return self.reasoning is not None or self.tools is not None or self.forced is not None
+
+    def message(self, text: str) -> dict[str, Any]:
+        """The assistant message of a finished choice's text."""
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.forced is not None:
+            calls = self.forced_calls(text)
+            if calls is None:  # (cut short: the text as it is)
+                return message
+            return {**message, "content": None, "tool_calls": [_call(c) for c in calls]}
+        content: str | None = text
+        if self.reasoning is not None:
+            reasoning, content = self.reasoning.split(
+                text, self.reasoning.starts_inside(self.prompt)
+            )
+            message["reasoning_content"] = reasoning
+        calls: list[ToolCall] = []
+        if self.tools is not None and content:
+            content, calls = self.tools.parse(content, self.tool_list)
+        message["content"] = (content or None) if self.parses else text
+        if calls:
+            message["tool_calls"] = [_call(c) for c in calls]
+        return message
+
+    def forced_calls(self, text: str) -> list[ToolCall] | None:
+        """The calls of a forced tool choice's output (None: not whole JSON, e.g. cut off by max_tokens)."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if self.forced != "required":
+            return [ToolCall(self.forced, text)]
+        return [ToolCall(c["name"], json.dumps(c["parameters"], ensure_ascii=False)) for c in value]
+
+    def stream(self) -> ChoiceStream:
+        return ChoiceStream(self)
+
+
+class ChoiceStream:
+    """One streamed choice: text deltas in, the chat delta's fields out (``content``, ``reasoning_content``,
+    ``tool_calls`` where each has something new)."""
+
+    def __init__(self, parsing: ChatParsing) -> None:
+        self.parsing, self.text = parsing, ""
+        self.reasoning = (
+            ReasoningStream(parsing.reasoning, parsing.prompt) if parsing.reasoning else None
+        )
+        self.tools = ToolCallStream(parsing.tools, parsing.tool_list) if parsing.tools else None
+        self.num_calls = 0
+
+    def feed(self, delta: str, final: bool) -> dict[str, Any]:
+        if self.parsing.forced is not None:
+            return self._forced(delta, final)
+        fields: dict[str, Any] = {}
+        content = delta
+        if self.reasoning is not None:
+            reasoning, content = self.reasoning.feed(delta, final)
+            if reasoning:
+                fields["reasoning_content"] = reasoning
+        if self.tools is not None:
+            content, calls = self.tools.feed(content, final)
+            if calls:
+                fields["tool_calls"] = [
+                    {"index": self.num_calls + k, **_call(c)} for k, c in enumerate(calls)
+                ]
+                self.num_calls += len(calls)
+        if content:
+            fields["content"] = content
+        return fields
+
+    def _forced(self, delta: str, final: bool) -> dict[str, Any]:
+        """A forced tool choice's output, held until the end and then sent as its calls."""
+        self.text += delta
+        if not final:
+            return {}
+        message = self.parsing.message(self.text)
+        calls = message.get("tool_calls", [])
+        self.num_calls = len(calls)
+        if not calls:
+            return {"content": self.text} if self.text else {}
+        return {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id or f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def finish_reason(reason: str | None, called: bool) -> str | None:
+    """OpenAI's finish_reason of a choice that ``called`` a tool: "tool_calls" where it stopped on its own."""
+    return "tool_calls" if called and reason == "stop" else reason
