@@ -547,7 +547,13 @@ class LLMEngine:
             )
 
     def _detokenize(self, req: Request) -> None:
-        if self.tokenizer is not None:
-            req.text = self.tokenizer.decode(
-                req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens
-            )
+        """The final text. A token that stopped the request (EOS or a ``stop_token_ids`` one) stays in its
+        token ids but not in its text, unless ``include_stop_str_in_output`` (vLLM's detokenizer: with
+        ``skip_special_tokens`` off, "<|im_end|>" would otherwise end every answer)."""
+        if self.tokenizer is None:
+            return
+        ids, p = req.output_token_ids, req.params
+        stopped_by_token = req.finish_reason == "stop" and not isinstance(req.stop_reason, str)
+        if stopped_by_token and not p.include_stop_str_in_output:
+            ids = ids[:-1]
+        req.text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)

@@ -291,7 +291,12 @@ def build_app(
         def run() -> list[int]:
             if body.prompt is not None:
                 return tok.encode(body.prompt, add_special_tokens=body.special_tokens)
-            text = inputs.chat_text(body.messages, body.add_generation_prompt)
+            text = inputs.chat_text(
+                body.messages,
+                body.add_generation_prompt,
+                body.tool_dicts(),
+                body.chat_template_kwargs,
+            )
             return tok.encode(text, add_special_tokens=body.special_tokens)
 
         ids = await asyncio.to_thread(run)

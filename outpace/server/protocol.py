@@ -404,6 +404,21 @@ def _template_call(call: MessageToolCall, param: str) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": function}
 
 
+def tool_dicts(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
+    """The tools as the chat template and the tool-call parsers take them."""
+    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
+
+
+def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
+    """chat_template_kwargs are the template's variables: apply_chat_template's own parameters are refused."""
+    for key in kwargs or {}:
+        if key in _TEMPLATE_PARAMETERS:
+            raise bad_request(
+                f"{key} is a parameter of the chat template's call, not a variable of the template",
+                f"chat_template_kwargs.{key}",
+            )
+
+
 class FunctionDefinition(_Body):
     name: str
     description: str | None = None
@@ -465,12 +480,7 @@ class ChatCompletionRequest(SamplingFields):
             raise bad_request(
                 f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs"
             )
-        for key in self.chat_template_kwargs or {}:
-            if key in _TEMPLATE_PARAMETERS:
-                raise bad_request(
-                    f"{key} is a parameter of the chat template's call, not a variable of the template",
-                    f"chat_template_kwargs.{key}",
-                )
+        check_template_kwargs(self.chat_template_kwargs)
         if not self.messages:
             raise bad_request("messages is empty: at least one message is needed", "messages")
 
@@ -533,10 +543,7 @@ class ChatCompletionRequest(SamplingFields):
         return "tool_choice", {"json": {"type": "array", "minItems": 1, "items": items}}
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
-        """The tools as the chat template and the tool-call parsers take them."""
-        if not self.tools:
-            return None
-        return [t.model_dump(exclude_none=True) for t in self.tools]
+        return tool_dicts(self.tools)
 
 
 class TokenizeRequest(_Body):
@@ -549,10 +556,19 @@ class TokenizeRequest(_Body):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    tools: list[Tool] | None = None  # (messages: as a chat's)
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def check_supported(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise bad_request("give either prompt or messages", "prompt")
+        if self.prompt is not None and (self.tools or self.chat_template_kwargs):
+            param = "tools" if self.tools else "chat_template_kwargs"
+            raise bad_request(f"{param} applies to messages, not to a prompt", param)
+        check_template_kwargs(self.chat_template_kwargs)
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        return tool_dicts(self.tools)
 
     @property
     def special_tokens(self) -> bool:

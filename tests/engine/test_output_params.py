@@ -158,3 +158,21 @@ def test_special_tokens_are_decoded_when_asked(plain_llm):
         params.replace(skip_special_tokens=False, stop=(two,), include_stop_str_in_output=True),
     )[0]
     assert stopped.text == two and stopped.stop_reason == two
+
+
+def test_the_stopping_token_stays_out_of_the_text(plain_llm):
+    """A request that ends on its EOS or a stop token id keeps the token in its ids but not in its text, unless
+    include_stop_str_in_output (vLLM's detokenizer), so that with special tokens shown no answer ends in
+    "<|endoftext|>"."""
+    params = SamplingParams(
+        temperature=0, max_tokens=6, skip_special_tokens=False, logit_bias={EOS: 60.0}
+    )
+    ended = plain_llm.generate(PROMPTS[0], params)[0]
+    assert ended.token_ids == [EOS] and ended.finish_reason == "stop" and ended.text == ""
+    kept = plain_llm.generate(PROMPTS[0], params.replace(include_stop_str_in_output=True))[0]
+    assert kept.text == plain_llm.tokenizer.decode([EOS])
+    assistant = 5  # (a special token as a stop token id)
+    params = params.replace(logit_bias={assistant: 60.0}, stop_token_ids=(assistant,))
+    stopped = plain_llm.generate(PROMPTS[0], params)[0]
+    assert stopped.token_ids == [assistant] and stopped.stop_reason == assistant
+    assert stopped.text == ""

@@ -241,3 +241,20 @@ def test_unknown_parsers_are_refused_before_the_model_loads(tmp_path):
         build_app(EngineConfig(str(tmp_path)), reasoning_parser="nope")
     with pytest.raises(ConfigError, match="--tool-call-parser"):
         build_app(EngineConfig(str(tmp_path)), tool_call_parser="nope")
+
+
+def test_tokenize_renders_tools_and_template_variables_as_a_chat_does(http):
+    def count(**body) -> int:
+        r = http.post("/tokenize", json={"messages": USER, **body})
+        assert r.status_code == 200, r.text
+        return r.json()["count"]
+
+    plain = count()
+    assert count(tools=[WEATHER]) > plain
+    assert count(chat_template_kwargs={"enable_thinking": True}) > plain
+    thinking = chat(http, "x", chat_template_kwargs={"enable_thinking": True})
+    assert thinking["usage"]["prompt_tokens"] == count(
+        chat_template_kwargs={"enable_thinking": True}
+    )
+    r = http.post("/tokenize", json={"prompt": "x", "tools": [WEATHER]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
