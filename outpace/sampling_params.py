@@ -26,13 +26,18 @@ class StructuredOutputsParams:
 
     ``json``: a JSON schema (a dict or its JSON text); ``json_object``: any JSON object; ``regex``: a
     regular expression the whole output matches; ``choice``: one of these strings; ``grammar``: an EBNF
-    grammar (GBNF, the form xgrammar reads, rule ``root`` first)."""
+    grammar (GBNF, the form xgrammar reads, rule ``root`` first).
+
+    ``starts_after``: the constraint holds from the end of this text in the output on, the output before it
+    free (a reasoning model's "</think>": the server sets it with ``--reasoning-parser``, as vLLM constrains
+    only the answer); None: from the first token."""
 
     json: str | dict | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    starts_after: str | None = None
 
     def __post_init__(self) -> None:
         o = "StructuredOutputsParams"
@@ -52,7 +57,7 @@ class StructuredOutputsParams:
             self.json is None or isinstance(self.json, (str, dict)),
             "a JSON schema: a dict or its JSON text",
         )
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "starts_after"):
             value = getattr(self, name)
             require(
                 o,

@@ -5,7 +5,9 @@ server/tool_calls.py), for the whole message and for a stream's deltas.
 The reasoning is split off first and the tool calls are parsed from what follows it, as SGLang and vLLM
 chain their two parsers. A forced tool choice (``required`` or a named function) needs no parser: its output
 is the JSON its constraint allows (server/protocol.py ``constraint_source``), read whole at the end (while
-streaming too), and not split for reasoning, which the constraint leaves no room for. A choice that called a tool and stopped on its own ends with finish_reason
+streaming too), and not split for reasoning, which the constraint leaves no room for. Other constraints
+(``response_format``, ``structured_outputs``) hold after the thinking ends (``starts_after``, as vLLM applies
+them once its reasoning parser sees the end), unless the prompt ended it. A choice that called a tool and stopped on its own ends with finish_reason
 "tool_calls" (OpenAI's); a call's id is the format's own where it has one (Kimi-K2's), else ``call_`` and
 24 hex digits.
 """
@@ -51,6 +53,8 @@ class ChatParsers:
             )
         if self.special_markers and (self.reasoning or calls_tools):
             body.skip_special_tokens = False
+        if self.reasoning is not None and not self.reasoning.ended_in(prompt):
+            body._starts_after = THINK_END  # a constraint holds for the answer alone
         return ChatParsing(
             self.reasoning, self.tools if calls_tools else None, body.tool_dicts(), prompt
         )

@@ -17,7 +17,15 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationError,
+    field_validator,
+)
 
 from outpace.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from outpace.validation import ConfigError
@@ -105,6 +113,8 @@ class StructuredOutputs(_Body):
 class SamplingFields(_Body):
     """What completions and chat completions share."""
 
+    # the text after which the constraint holds (``StructuredOutputsParams.starts_after``): set by the server
+    _starts_after: str | None = PrivateAttr(default=None)
     model: str | None = None
     max_tokens: PositiveInt | None = None
     temperature: NonNegFloat | None = None
@@ -226,7 +236,7 @@ class SamplingFields(_Body):
             return None
         param, kwargs = source
         try:
-            return StructuredOutputsParams(**kwargs)
+            return StructuredOutputsParams(**kwargs, starts_after=self._starts_after)
         except ConfigError as e:
             raise bad_request(f"invalid {param}: {e}", param) from None
 

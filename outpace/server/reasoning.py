@@ -27,6 +27,11 @@ class ThinkingFormat:
     implicit_ends: tuple[str, ...] = ()  # markers that end the block and stay in the content
     trim_newlines: bool = False  # one newline dropped on each side of </think>
 
+    def ended_in(self, prompt: str) -> bool:
+        """Whether the prompt ends thinking (its last tag a </think>: thinking switched off by the template); if
+        not, the output may think first (vLLM's ``is_reasoning_end`` of the prompt)."""
+        return prompt.rfind(THINK_END) > prompt.rfind(THINK_START)
+
     def starts_inside(self, prompt: str) -> bool:
         """Whether the prompt leaves the output inside a thinking block (its last <think> not closed)."""
         return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)

@@ -13,6 +13,9 @@ the node's path had been committed (accepting the path's drafts, filling the mas
 After the verify only the committed tokens are accepted (``accept``): the drafts' advance was undone
 at once, which is the rollback of rejected drafts.
 
+A constraint with ``starts_after`` (a reasoning model's "</think>") is a ``GatedGrammar``: every mask allows
+anything until that text's tokens are in the output, or on a draft path until they complete there.
+
 JSON (a schema or ``json_object``) is generated compactly, with no free whitespace between tokens
 (xgrammar's ``any_whitespace=False``), so a model cannot stall in whitespace until max_tokens.
 A schema's ``$ref`` must resolve inside the schema: xgrammar lets any value through where a reference
@@ -109,6 +112,9 @@ class GrammarCompiler:
         grammar = RequestGrammar(
             _xgrammar().GrammarMatcher(self.compile(spec)), self.vocab_size, self.stop_token_ids
         )
+        if spec.starts_after is not None:
+            marker = self.tokenizer.encode(spec.starts_after, add_special_tokens=False)
+            grammar = GatedGrammar(grammar, marker)
         grammar.accept(output_token_ids)
         return grammar
 
@@ -140,24 +146,32 @@ class RequestGrammar:
         """``out`` [n, words] int32 (host): the bitmask at each node of a draft tree (node 0: the last
         committed token, already accepted; ``parents[u]`` < u, -1 for node 0)."""
         for u in range(len(tokens)):
-            path = []
-            v = u
-            while v > 0:
-                path.append(int(tokens[v]))
-                v = parents[v]
-            accepted = 0
-            for t in reversed(path):
-                if not self.matcher.accept_token(t):  # also refused once the stop token is in
-                    break
-                accepted += 1
-            if accepted < len(path):
-                out[u] = -1  # unreachable (see the module docstring): anything
-            elif self.matcher.is_terminated():
-                out[u] = self.stop_only
-            else:
-                self.matcher.fill_next_token_bitmask(out, u)
-            if accepted:
-                self.matcher.rollback(accepted)
+            self.fill_after(tree_path(tokens, parents, u), out, u)
+
+    def fill_after(self, path: Sequence[int], out: torch.Tensor, row: int) -> None:
+        """``out[row]``: the bitmask after the committed output and then ``path``."""
+        accepted = 0
+        for t in path:
+            if not self.matcher.accept_token(t):  # also refused once the stop token is in
+                break
+            accepted += 1
+        if accepted < len(path):
+            out[row] = -1  # unreachable (see the module docstring): anything
+        elif self.matcher.is_terminated():
+            out[row] = self.stop_only
+        else:
+            self.matcher.fill_next_token_bitmask(out, row)
+        if accepted:
+            self.matcher.rollback(accepted)
+
+
+def tree_path(tokens: Sequence[int], parents: Sequence[int], u: int) -> list[int]:
+    """The draft tokens from node 0 (excluded) to node ``u`` of a tree, in order."""
+    path = []
+    while u > 0:
+        path.append(int(tokens[u]))
+        u = parents[u]
+    return path[::-1]
 
 
 def _bit(i: int) -> int:
@@ -221,3 +235,46 @@ def _resolve(ref: str, root: Any) -> None:
             raise ConstraintError(
                 "json", f"$ref {ref!r} cannot be resolved: the schema has no {part!r} there"
             )
+
+
+class GatedGrammar:
+    """A grammar that holds only after ``marker`` (token ids) in the output (``starts_after``: a reasoning
+    model's "</think>", as vLLM applies a constraint once the reasoning parser sees the thinking end): until the
+    marker is committed, and on every draft path until it completes there, anything goes."""
+
+    def __init__(self, inner: RequestGrammar, marker: Sequence[int]) -> None:
+        self.inner, self.marker = inner, [int(t) for t in marker]
+        self.open = False  # the marker is in the committed output
+        self.tail: list[int] = []  # the committed output's last tokens, while not open
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        if self.open:
+            self.inner.accept(tokens)
+            return
+        at = self._after_marker(self.tail, [int(t) for t in tokens])
+        if at is None:
+            self.tail = (self.tail + [int(t) for t in tokens])[-len(self.marker) :]
+            return
+        self.open, self.tail = True, []
+        self.inner.accept(tokens[at:])
+
+    def fill_tree(self, tokens: Sequence[int], parents: Sequence[int], out: torch.Tensor) -> None:
+        if self.open:
+            self.inner.fill_tree(tokens, parents, out)
+            return
+        for u in range(len(tokens)):
+            path = tree_path(tokens, parents, u)
+            at = self._after_marker(self.tail, path)
+            if at is None:
+                out[u] = -1
+            else:
+                self.inner.fill_after(path[at:], out, u)
+
+    def _after_marker(self, before: list[int], tokens: list[int]) -> int | None:
+        """The index in ``tokens`` just past the first place where ``before + tokens`` completes the marker
+        (None: it does not)."""
+        seq, m = before + tokens, len(self.marker)
+        for end in range(max(m, len(before) + 1), len(seq) + 1):
+            if seq[end - m : end] == self.marker:
+                return end - len(before)
+        return None

@@ -199,3 +199,56 @@ def test_bad_constraints_are_refused_by_name():
         SamplingParams(
             ignore_eos=True, structured_outputs=StructuredOutputsParams(json_object=True)
         )
+
+
+def gated_case(llm: LLM, prompt: str) -> tuple[str, int]:
+    """A marker the free greedy output of ``prompt`` writes as its own tokens (text the tokenizer encodes as
+    it was generated), and the output tokens up to its end."""
+    free = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    tok, ids = llm.tokenizer, free.token_ids
+    for start in range(2, 8):
+        text = tok.decode(ids[start : start + 2])
+        if tok.encode(text, add_special_tokens=False) == ids[start : start + 2]:
+            return text, start + 2
+    raise AssertionError("no marker found in the free output")
+
+
+@pytest.mark.parametrize("drafter", list(DRAFTERS))
+def test_a_constraint_after_a_marker_leaves_the_text_before_it_free(drafter):
+    """``starts_after`` (a reasoning model's "</think>"): the output up to the marker is the unconstrained
+    greedy one, then the constraint holds; with every drafter, the same tokens (gated draft masks)."""
+    plain = _llm("none")
+    prompt = "def add(a, b):\n"
+    marker, cut = gated_case(plain, prompt)
+    free = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    spec = StructuredOutputsParams(choice=["yes", "no"], starts_after=marker)
+    params = SamplingParams(temperature=0, max_tokens=30, structured_outputs=spec)
+    want = plain.generate([prompt], params)[0]
+    assert want.token_ids[:cut] == free[0].token_ids[:cut]
+    tail = plain.tokenizer.decode(want.token_ids[cut:], skip_special_tokens=True)
+    assert tail in ("yes", "no") and want.finish_reason == "stop"
+    assert _llm(drafter).generate([prompt], params)[0].token_ids == want.token_ids
+
+
+def test_a_gated_grammars_masks_allow_anything_until_the_marker():
+    llm = _llm("none")
+    tok = llm.tokenizer
+    compiler = GrammarCompiler(tok, llm.engine.model_config.vocab_size, [0])
+    marker = tok.encode("</think>", add_special_tokens=False)
+    spec = StructuredOutputsParams(choice=["yes"], starts_after="</think>")
+    words = compiler.matcher(spec).inner.words
+    thinking = tok.encode("hm", add_special_tokens=False)
+    grammar = compiler.matcher(spec, thinking + marker[:1])  # the marker begun, not ended
+    path = [0, *marker[1:]]  # node 0 (committed), then the marker's rest as a chain of drafts
+    parents = list(range(-1, len(path) - 1))
+    masks = torch.zeros(len(path), words, dtype=torch.int32)
+    grammar.fill_tree(path, parents, masks)
+    assert (masks[:-1] == -1).all()  # inside the marker: anything
+    yes = tok.encode("yes", add_special_tokens=False)[0]
+    assert (masks[-1] != -1).any() and masks[-1][yes // 32] & (1 << (yes % 32)) != 0
+    grammar.accept(marker[1:])  # committed: the grammar is open, its mask that of "yes"
+    opened = torch.zeros(1, words, dtype=torch.int32)
+    grammar.fill_tree([0], [-1], opened)
+    assert torch.equal(opened[0], masks[-1])
+    with pytest.raises(ConfigError, match="starts_after"):
+        StructuredOutputsParams(choice=["yes"], starts_after="")

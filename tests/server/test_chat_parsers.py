@@ -1,7 +1,8 @@
 """A chat's thinking and tool calls through the server (server/chat_output.py): the zoo's tinypy, given a chat
 template that renders tools, tool calls and an ``enable_thinking`` switch, answers what ``guided_choice`` makes
-it write, which ``--reasoning-parser qwen3 --tool-call-parser hermes`` split into ``reasoning_content``,
-``content`` and ``tool_calls``, whole and streamed; tools and template variables reach the template."""
+it write, which ``--tool-call-parser hermes`` parses into ``content`` and ``tool_calls``, whole and streamed;
+with ``--reasoning-parser qwen3`` the thinking a template opens is ``reasoning_content`` and a constraint holds
+after it; tools and template variables reach the template."""
 
 import json
 from pathlib import Path
@@ -14,6 +15,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from outpace.config import EngineConfig  # noqa: E402
 from outpace.server.app import build_app  # noqa: E402
+from outpace.server.chat_output import ChatParsing  # noqa: E402
+from outpace.server.reasoning import reasoning_format  # noqa: E402
+from outpace.server.tool_calls import tool_call_format  # noqa: E402
 from outpace.validation import ConfigError  # noqa: E402
 
 ZOO = Path(__file__).resolve().parents[2] / "zoo"
@@ -23,7 +27,8 @@ TEMPLATE = (
     "{% for c in m.get('tool_calls') or [] %}call {{ c['function']['name'] }} "
     "{{ c['function']['arguments'] | tojson }}{% endfor %}"
     "{{ m['content'] }}<|endoftext|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% if enable_thinking %}<think>\n{% endif %}{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% if enable_thinking %}<think>\n"
+    "{% elif enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 WEATHER = {
     "type": "function",
@@ -56,9 +61,13 @@ def config(model_dir) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def http(model_dir):
-    app = build_app(
-        config(model_dir), log_interval=1e9, reasoning_parser="qwen3", tool_call_parser="hermes"
-    )
+    with TestClient(build_app(config(model_dir), log_interval=1e9, tool_call_parser="hermes")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def thinking(model_dir):
+    app = build_app(config(model_dir), log_interval=1e9, reasoning_parser="qwen3")
     with TestClient(app) as client:
         yield client
 
@@ -77,14 +86,10 @@ def chat(http, output: str, **body):
     return r.json()
 
 
-def streamed(http, output: str, **body) -> tuple[dict, list[dict], str]:
+def streamed(http, output: str | None, **body) -> tuple[dict, list[dict], str]:
     """The stream's deltas merged: content and reasoning_content concatenated, tool_calls listed; and the
-    finish reason. (A forced tool choice constrains the output itself: ``output`` is then not asked for.)"""
-    guided = (
-        {}
-        if "tool_choice" in body and body["tool_choice"] != "none"
-        else {"guided_choice": [output]}
-    )
+    finish reason. ``output``: what guided_choice makes the model write (None: not constrained)."""
+    guided = {} if output is None else {"guided_choice": [output]}
     body = {"messages": USER, "max_tokens": 200, "temperature": 0, **guided, **body}
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
         assert r.status_code == 200
@@ -100,28 +105,68 @@ def streamed(http, output: str, **body) -> tuple[dict, list[dict], str]:
     return merged, calls, finish
 
 
-def test_thinking_opened_by_the_template_is_split_off(http):
-    output = "two and two</think>\n\nFour."
-    on = chat(http, output, chat_template_kwargs={"enable_thinking": True})
-    message = on["choices"][0]["message"]
-    assert (message["reasoning_content"], message["content"]) == ("two and two", "\n\nFour.")
-    off = chat(http, output, chat_template_kwargs={"enable_thinking": False})
-    message = off["choices"][0]["message"]  # the prompt opens no block: all content
-    assert (message["reasoning_content"], message["content"]) == (None, output)
-    assert on["usage"]["prompt_tokens"] > off["usage"]["prompt_tokens"]  # "<think>\n" in the prompt
-    merged, calls, finish = streamed(http, output, chat_template_kwargs={"enable_thinking": True})
-    assert merged == {"reasoning_content": "two and two", "content": "\n\nFour."}
-    assert (calls, finish) == ([], "stop")
+def free(client, **body) -> dict:
+    body = {"messages": USER, "max_tokens": 12, "temperature": 0, **body}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]
 
 
-def test_a_tool_call_after_thinking(http):
-    output = "<think>the user wants weather</think>\n" + CALL
+def test_thinking_the_template_opens_is_reasoning_and_constraints_wait_for_its_end(http, thinking):
+    """tinypy never writes </think>: with the block opened by the prompt, its whole output is reasoning, and a
+    constraint (which holds after the thinking) leaves it as it is, whole and streamed."""
+    opened = {"chat_template_kwargs": {"enable_thinking": True}}
+    text = free(http, **opened)["content"]  # (no reasoning parser)
+    assert text
+    assert free(thinking, **opened) == {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": text,
+    }
+    constrained = free(thinking, response_format={"type": "json_object"}, **opened)
+    assert constrained["reasoning_content"] == text
+    merged, calls, finish = streamed(thinking, None, max_tokens=12, **opened)
+    assert merged == {"reasoning_content": text, "content": ""} and not calls
+
+
+def test_a_prompt_that_ends_thinking_leaves_an_answer_under_its_constraint(thinking):
+    closed = {"chat_template_kwargs": {"enable_thinking": False}}
+    message = chat(thinking, "Four.", **closed)["choices"][0]["message"]
+    assert (message["reasoning_content"], message["content"]) == (None, "Four.")
+    merged, _, finish = streamed(thinking, "Four.", **closed)
+    assert merged == {"reasoning_content": "", "content": "Four."} and finish == "stop"
+
+
+def test_reasoning_then_a_tool_call_whole_and_streamed():
+    """The two parsers chained (server/chat_output.py), on a text cut into pieces."""
+    parsing = ChatParsing(
+        reasoning_format("qwen3"), tool_call_format("hermes"), [WEATHER], "<|assistant|>\n"
+    )
+    text = "<think>the user wants weather</think>\n" + CALL
+    message = parsing.message(text)
+    assert message["reasoning_content"] == "the user wants weather"
+    assert message["content"] == "\n"
+    [call] = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and call["id"].startswith("call_")
+    for size in (1, 3, 7, len(text)):
+        stream, merged, calls = parsing.stream(), {}, []
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        for k, piece in enumerate(pieces):
+            fields = stream.feed(piece, final=k == len(pieces) - 1)
+            calls += fields.pop("tool_calls", [])
+            for key, value in fields.items():
+                merged[key] = merged.get(key, "") + value
+        assert merged == {"reasoning_content": "the user wants weather", "content": "\n"}
+        assert [c["function"] for c in calls] == [call["function"]] and stream.num_calls == 1
+
+
+def test_a_tool_call_after_content(http):
+    output = "Let me look.\n" + CALL
     answer = chat(http, output, tools=[WEATHER])
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     message = choice["message"]
-    assert message["reasoning_content"] == "the user wants weather"
-    assert message["content"] == "\n"
+    assert message["content"] == "Let me look.\n" and "reasoning_content" not in message
     [call] = message["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == "get_weather"
@@ -131,7 +176,7 @@ def test_a_tool_call_after_thinking(http):
     assert "tool_calls" not in without["choices"][0]["message"]
     assert without["choices"][0]["finish_reason"] == "stop"
     merged, calls, finish = streamed(http, output, tools=[WEATHER])
-    assert merged == {"reasoning_content": "the user wants weather", "content": "\n"}
+    assert merged == {"reasoning_content": "", "content": "Let me look.\n"}
     assert [(c["index"], c["function"]["name"]) for c in calls] == [(0, "get_weather")]
     assert json.loads(calls[0]["function"]["arguments"]) == {"city": "Paris"}
     assert finish == "tool_calls"
@@ -190,7 +235,7 @@ def test_a_named_tool_choice_returns_that_call(http):
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "pick_city"
     assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Rome")
-    merged, calls, finish = streamed(http, "unused", tool_choice=NAMED, tools=[WEATHER, CITY])
+    merged, calls, finish = streamed(http, None, tool_choice=NAMED, tools=[WEATHER, CITY])
     assert [c["function"] for c in calls] == [call["function"]] and finish == "tool_calls"
 
 
