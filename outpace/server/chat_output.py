@@ -43,8 +43,12 @@ class ChatParsers:
     def for_request(self, body: ChatCompletionRequest, prompt: str) -> ChatParsing:
         """How one request's choices are parsed; tools asked for without a parser are refused by name."""
         calls_tools, forced = body.calls_tools, body.forced_tool
+        options = dict(
+            include_reasoning=body.include_reasoning,
+            max_calls=None if body.parallel_tool_calls is not False else 1,
+        )
         if forced is not None:
-            return ChatParsing(None, None, body.tool_dicts(), prompt, forced)
+            return ChatParsing(None, None, body.tool_dicts(), prompt, forced, **options)
         if calls_tools and self.tools is None:
             raise bad_request(
                 'tool_choice "auto" (the default with tools) needs the server started with '
@@ -55,9 +59,8 @@ class ChatParsers:
             body.skip_special_tokens = False
         if self.reasoning is not None and not self.reasoning.ended_in(prompt):
             body._starts_after = THINK_END  # a constraint holds for the answer alone
-        return ChatParsing(
-            self.reasoning, self.tools if calls_tools else None, body.tool_dicts(), prompt
-        )
+        tools = self.tools if calls_tools else None
+        return ChatParsing(self.reasoning, tools, body.tool_dicts(), prompt, **options)
 
 
 def _is_special(tokenizer, marker: str) -> bool:
@@ -75,6 +78,8 @@ class ChatParsing:
     tool_list: list[dict[str, Any]] | None
     prompt: str
     forced: str | None = None  # a forced tool choice: the function's name, or "required"
+    include_reasoning: bool = True  # (vLLM's include_reasoning false: the thinking is dropped)
+    max_calls: int | None = None  # 1 with parallel_tool_calls false: the first call alone
 
     @property
     def parses(self) -> bool:
@@ -87,16 +92,19 @@ class ChatParsing:
             calls = self.forced_calls(text)
             if calls is None:  # (cut short: the text as it is)
                 return message
+            calls = calls[: self.max_calls]
             return {**message, "content": None, "tool_calls": [_call(c) for c in calls]}
         content: str | None = text
         if self.reasoning is not None:
             reasoning, content = self.reasoning.split(
                 text, self.reasoning.starts_inside(self.prompt)
             )
-            message["reasoning_content"] = reasoning
+            if self.include_reasoning:
+                message["reasoning_content"] = reasoning
         calls: list[ToolCall] = []
         if self.tools is not None and content:
             content, calls = self.tools.parse(content, self.tool_list)
+            calls = calls[: self.max_calls]
         message["content"] = (content or None) if self.parses else text
         if calls:
             message["tool_calls"] = [_call(c) for c in calls]
@@ -135,10 +143,12 @@ class ChoiceStream:
         content = delta
         if self.reasoning is not None:
             reasoning, content = self.reasoning.feed(delta, final)
-            if reasoning:
+            if reasoning and self.parsing.include_reasoning:
                 fields["reasoning_content"] = reasoning
         if self.tools is not None:
             content, calls = self.tools.feed(content, final)
+            if self.parsing.max_calls is not None:
+                calls = calls[: max(0, self.parsing.max_calls - self.num_calls)]
             if calls:
                 fields["tool_calls"] = [
                     {"index": self.num_calls + k, **_call(c)} for k, c in enumerate(calls)

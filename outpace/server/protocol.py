@@ -476,6 +476,8 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0)] | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # false: the first tool call alone
+    include_reasoning: bool = True  # vLLM's: false drops reasoning_content
     chat_template_kwargs: dict[str, Any] | None = (
         None  # extra variables of the chat template (vLLM's)
     )

@@ -303,3 +303,37 @@ def test_tokenize_renders_tools_and_template_variables_as_a_chat_does(http):
     )
     r = http.post("/tokenize", json={"prompt": "x", "tools": [WEATHER]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+def test_include_reasoning_false_and_parallel_tool_calls_false():
+    """vLLM's include_reasoning: false drops the thinking; OpenAI's parallel_tool_calls: false keeps the first
+    call alone, whole and streamed."""
+    two = "<think>r</think>" + CALL + CALL.replace("Paris", "Rome")
+    parsing = ChatParsing(
+        reasoning_format("qwen3"),
+        tool_call_format("hermes"),
+        [WEATHER],
+        "<|assistant|>\n",
+        include_reasoning=False,
+        max_calls=1,
+    )
+    message = parsing.message(two)
+    assert "reasoning_content" not in message and message["content"] is None
+    assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
+        {"city": "Paris"}
+    ]
+    stream, sent = parsing.stream(), []
+    for k in range(0, len(two), 5):
+        sent.append(stream.feed(two[k : k + 5], final=k + 5 >= len(two)))
+    assert not any("reasoning_content" in f for f in sent)
+    assert [c["index"] for f in sent for c in f.get("tool_calls", [])] == [0]
+
+
+def test_parallel_tool_calls_false_through_the_server(http):
+    two = CALL + CALL.replace("Paris", "Rome")
+    both = chat(http, two, tools=[WEATHER])["choices"][0]["message"]["tool_calls"]
+    assert len(both) == 2
+    first = chat(http, two, tools=[WEATHER], parallel_tool_calls=False)
+    assert [c["function"] for c in first["choices"][0]["message"]["tool_calls"]] == [
+        both[0]["function"]
+    ]
