@@ -201,6 +201,13 @@ class _Qwen3Coder(ToolCallFormat):
         return _call(name, json.dumps(arguments, ensure_ascii=False))
 
 
+class _Step3p5(_Qwen3Coder):
+    """Step-3.5-Flash writes Qwen3-Coder's calls (``<tool_call>``, ``<function=NAME>``, ``<parameter=P>``).
+    Source: vllm/tool_parsers/step3p5_tool_parser.py."""
+
+    name = "step3p5"
+
+
 def _properties(tools: list[dict] | None, name: str) -> dict:
     """The JSON schemas of the parameters of the tool ``name`` in a request's ``tools``."""
     for tool in tools or ():
@@ -360,6 +367,7 @@ TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
     for f in (
         _Hermes(),
         _Qwen3Coder(),
+        _Step3p5(),
         _DeepSeekV3(),
         _DeepSeekV31(),
         _KimiK2(),

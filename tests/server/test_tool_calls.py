@@ -117,6 +117,8 @@ def cases(fmt: str):
         yield text, text, []
 
 
+LAYOUTS["step3p5"] = LAYOUTS["qwen3_coder"]  # (Step-3.5-Flash writes Qwen3-Coder's calls)
+
 MALFORMED = {
     "hermes": [
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}\n</tool_call>',
@@ -170,6 +172,7 @@ MALFORMED = {
         '{"name": "get_weather"}',
     ],
 }
+MALFORMED["step3p5"] = MALFORMED["qwen3_coder"]
 
 
 def all_cases():
@@ -185,6 +188,7 @@ def test_every_format_is_covered():
     assert set(TOOL_CALL_FORMATS) == {
         "hermes",
         "qwen3_coder",
+        "step3p5",
         "deepseek_v3",
         "deepseek_v31",
         "kimi_k2",
@@ -217,7 +221,7 @@ def test_a_bad_call_after_good_ones_is_content(fmt):
         text = good.removesuffix(end) + bad.removeprefix(begin)
         rest = bad.removeprefix(begin)
     else:
-        sep = {"hermes": "\n", "qwen3_coder": "\n", "mistral": "", "llama3_json": "; "}[fmt]
+        sep = {"mistral": "", "llama3_json": "; "}.get(fmt, "\n")
         text, rest = good + sep + bad, sep + bad
     assert parse(fmt, text) == (rest, expected(fmt, WEATHER))
 
