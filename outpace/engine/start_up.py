@@ -303,6 +303,14 @@ def set_up_prefix_cache(
     refusal = proposer.prefix_caching_refusal() if proposer is not None else None
     if refusal is None and runner.has_recurrent_state and not checkpoints:
         refusal = "the target has recurrent layers and EngineConfig.num_state_checkpoints is 0"
+    if refusal is None and runner.has_recurrent_state and config.batch_invariant:
+        # NOTE: a hybrid prompt's prefill cut at a checkpoint (or started from one) has other bits than the
+        # same prompt's in one piece, and where it is cut depends on the drafter (its read-ahead in the keys):
+        # MTP's log-probabilities then left plain decoding's on the H100 (benchmarks/results/gpu_2026-12-07b)
+        refusal = (
+            "the target has recurrent layers and EngineConfig.batch_invariant is set (a prompt cut at "
+            "its state checkpoints gets other bits)"
+        )
     if enable and refusal:
         raise ConfigError(f"EngineConfig.enable_prefix_caching=True is invalid: {refusal}")
     if enable is False:

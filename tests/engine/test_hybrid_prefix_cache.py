@@ -132,6 +132,19 @@ def test_no_state_checkpoints_turn_hybrid_prefix_caching_off(tmp_path):
         LLM(path, num_state_checkpoints=-1)
 
 
+def test_the_batch_invariant_mode_turns_hybrid_prefix_caching_off(tmp_path):
+    """Cut at a checkpoint, a hybrid prompt's prefill has other bits; where it is cut depends on the drafter
+    (MTP's log-probabilities left plain decoding's on the GPU, benchmarks/results/gpu_2026-12-07b)."""
+    path = str(save_hybrid(make_hybrid("qwen3_5"), tmp_path / "qwen3_5"))
+    llm = LLM(path, block_size=4, batch_invariant=True)
+    assert llm.engine.pool.prefix_cache is None
+    assert "batch_invariant" in llm.engine.prefix_caching_off_reason
+    with pytest.raises(
+        ConfigError, match="enable_prefix_caching=True is invalid: .*batch_invariant"
+    ):
+        LLM(path, block_size=4, batch_invariant=True, enable_prefix_caching=True)
+
+
 # ---- the scheduler and the index alone --------------------------------------------------------------------
 def checkpointing_scheduler(num_slots: int = 2, budget: int = 64) -> Scheduler:
     pool = BlockPool(64, 4, PrefixCache(4))
