@@ -14,6 +14,7 @@ import argparse
 import gc
 import json
 import tempfile
+import traceback
 from pathlib import Path
 
 import torch
@@ -120,6 +121,7 @@ def main() -> None:
             rows += measure(a.contexts, a.steps, shape, a.split_rows, a.layers)
         except Exception as e:  # one shape's failure must not cost the others' figures
             print(f"{shape}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()  # (where: the Kimi slice's OOM of gpu_2026-12-07b call 4 had no trace)
     normal = {
         (r["shape"], r["batch"], r["context"]): r["tokens_per_s"]
         for r in rows
