@@ -40,29 +40,40 @@ class ThinkingFormat:
         """(reasoning, content) of ``text``, the output so far; ``inside``: ``starts_inside`` of its prompt.
         Before ``final``, text that could still become part of a marker is held back, so that each result is
         a prefix of the next (``ReasoningStream``)."""
-        start = 0
-        if text.lstrip().startswith(THINK_START):
-            inside, start = True, text.index(THINK_START) + len(THINK_START)
-        elif not final and THINK_START.startswith(text.lstrip()):
-            return None, None  # white space or part of a <think> tag: not known yet
-        elif not inside:
+        start = self.block_start(text, inside, final)
+        if start is None:
+            return None, None
+        if start < 0:
             return None, text
-        ends = [(text.find(m, start), m) for m in (THINK_END, *self.implicit_ends)]
+        reasoning, content, _ = self.split_block(text[start:], final)
+        return reasoning, content
+
+    def block_start(self, text: str, inside: bool, final: bool) -> int | None:
+        """Where the thinking in ``text`` starts (past a <think> that opens the output), -1 where there is none;
+        None before ``final`` while white space or part of a <think> is all there is."""
+        if text.lstrip().startswith(THINK_START):
+            return text.index(THINK_START) + len(THINK_START)
+        if not final and THINK_START.startswith(text.lstrip()):
+            return None
+        return 0 if inside else -1
+
+    def split_block(self, block: str, final: bool) -> tuple[str, str | None, str | None]:
+        """(reasoning, content, the marker that ended it) of ``block``, text from the thinking's start on; the
+        content None (and no marker) while the block has not ended."""
+        ends = [(block.find(m), m) for m in (THINK_END, *self.implicit_ends)]
         found = [(i, m) for i, m in ends if i >= 0]
         if not found:
-            reasoning = text[start:]
-            if not final:
-                reasoning = reasoning[: len(reasoning) - self._partial_marker(reasoning)]
-            return reasoning, None
+            held = 0 if final else self._partial_marker(block)
+            return block[: len(block) - held], None, None
         i, marker = min(found)
-        reasoning, content = text[start:i], text[i:]
+        reasoning, content = block[:i], block[i:]
         if marker == THINK_END:
             content = content[len(THINK_END) :]
             if self.trim_newlines:
                 content = content.removeprefix("\n")
         if self.trim_newlines:
             reasoning = reasoning.removesuffix("\n")
-        return reasoning, content
+        return reasoning, content, marker
 
     def _partial_marker(self, reasoning: str) -> int:
         """Characters at the end of ``reasoning`` that could begin a marker ending the block."""
@@ -103,16 +114,33 @@ def reasoning_format(name: str) -> ThinkingFormat:
 
 class ReasoningStream:
     """One streamed choice's text deltas split into (reasoning, content) deltas: concatenated, they are what
-    ``split`` gives the whole text."""
+    ``split`` gives the whole text. Each delta costs its own length, not the output's: the thinking sent is
+    dropped from what is kept (only a tail that may begin a marker waits)."""
 
     def __init__(self, fmt: ThinkingFormat, prompt: str) -> None:
         self.fmt, self.inside = fmt, fmt.starts_inside(prompt)
-        self.text, self.sent_reasoning, self.sent_content = "", 0, 0
+        self.held = ""  # received, not yet sent
+        self.phase = "start"  # then "block" (thinking) or "content"
+        self.drop_newline = False  # step3p5: the newline after </think> has not come yet
 
     def feed(self, delta: str, final: bool) -> tuple[str, str]:
-        self.text += delta
-        reasoning, content = self.fmt.split(self.text, self.inside, final)
-        reasoning, content = reasoning or "", content or ""
-        out = reasoning[self.sent_reasoning :], content[self.sent_content :]
-        self.sent_reasoning, self.sent_content = len(reasoning), len(content)
-        return out
+        text, self.held = self.held + delta, ""
+        if self.phase == "start":
+            start = self.fmt.block_start(text, self.inside, final)
+            if start is None:
+                self.held = text
+                return "", ""
+            self.phase = "content" if start < 0 else "block"
+            text = text if start < 0 else text[start:]
+        if self.phase == "content":
+            if self.drop_newline and text:
+                text, self.drop_newline = text.removeprefix("\n"), False
+            return "", text
+        reasoning, content, marker = self.fmt.split_block(text, final)
+        if content is None:
+            self.held = text[len(reasoning) :]
+            return reasoning, ""
+        self.phase = "content"
+        after = text.find(THINK_END) + len(THINK_END)
+        self.drop_newline = self.fmt.trim_newlines and marker == THINK_END and after == len(text)
+        return reasoning, content

@@ -84,3 +84,13 @@ def test_streamed_pieces_add_up_to_the_whole_split(name, prompt):
                 got[0] += r
                 got[1] += c
             assert got == [reasoning or "", content or ""], (name, text, pieces)
+
+
+def test_a_stream_keeps_only_what_may_begin_a_marker():
+    """Each delta costs its own length: the thinking sent is not kept (a long reasoning would otherwise be
+    scanned again at every token)."""
+    stream = ReasoningStream(QWEN3, OPENED)
+    for _ in range(2000):
+        reasoning, content = stream.feed("step </", final=False)
+        assert reasoning and not content and len(stream.held) <= len("</think>")
+    assert stream.feed("think>done", final=True) == ("", "done")
