@@ -7,9 +7,10 @@ chain their two parsers. A forced tool choice (``required`` or a named function)
 is the JSON its constraint allows (server/protocol.py ``constraint_source``), read whole at the end (while
 streaming too), and not split for reasoning, which the constraint leaves no room for. Other constraints
 (``response_format``, ``structured_outputs``) hold after the thinking ends (``starts_after``, as vLLM applies
-them once its reasoning parser sees the end), unless the prompt ended it. A choice that called a tool and stopped on its own ends with finish_reason
-"tool_calls" (OpenAI's); a call's id is the format's own where it has one (Kimi-K2's), else ``call_`` and
-24 hex digits.
+them once its reasoning parser sees the end), unless the prompt ended it.
+
+A choice that called a tool and stopped on its own ends with finish_reason "tool_calls" (OpenAI's); a call's id
+is the format's own where it has one (Kimi-K2's), else ``call_`` and 24 hex digits.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class ChatParsing:
         if self.tools is not None and content:
             content, calls = self.tools.parse(content, self.tool_list)
             calls = calls[: self.max_calls]
-        message["content"] = (content or None) if self.parses else text
+        message["content"] = content or None
         if calls:
             message["tool_calls"] = [_call(c) for c in calls]
         return message

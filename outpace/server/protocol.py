@@ -433,7 +433,9 @@ class FunctionDefinition(_Body):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema
-    strict: bool | None = None
+    strict: bool | None = (
+        None  # true: only with a forced tool choice (its constraint is the schema)
+    )
 
 
 class Tool(_Body):
@@ -493,6 +495,13 @@ class ChatCompletionRequest(SamplingFields):
                 f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs"
             )
         check_template_kwargs(self.chat_template_kwargs)
+        for i, tool in enumerate(self.tools or []):
+            if tool.function.strict and self.forced_tool is None:
+                raise unsupported(
+                    "strict arguments are not enforced where the model chooses its calls: tool_choice "
+                    '"required" or a named function constrains them to the schema',
+                    f"tools.{i}.function.strict",
+                )
         if not self.messages:
             raise bad_request("messages is empty: at least one message is needed", "messages")
 

@@ -227,8 +227,9 @@ NAMED = {"type": "function", "function": {"name": "pick_city"}}
 
 
 def test_a_named_tool_choice_returns_that_call(http):
-    """Constrained to the function's arguments (no parser needed), whole and streamed."""
-    body = {"messages": USER, "max_tokens": 30, "temperature": 0, "tools": [WEATHER, CITY]}
+    """Constrained to the function's arguments (no parser needed), whole and streamed; ``strict`` holds."""
+    strict = {**CITY, "function": {**CITY["function"], "strict": True}}
+    body = {"messages": USER, "max_tokens": 30, "temperature": 0, "tools": [WEATHER, strict]}
     r = http.post("/v1/chat/completions", json={**body, "tool_choice": NAMED})
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
@@ -260,6 +261,10 @@ def test_a_required_tool_choice_returns_calls_of_the_tools(http):
         ({"tools": [WEATHER], "tool_choice": NAMED}, "tool_choice.function.name"),
         ({"tools": [CITY], "tool_choice": NAMED, "guided_regex": "a+"}, "guided_regex"),
         ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {"tools": [{**CITY, "function": {**CITY["function"], "strict": True}}]},
+            "tools.0.function.strict",
+        ),
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
         ({"functions": [WEATHER["function"]]}, "functions"),
         ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
