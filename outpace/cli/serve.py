@@ -83,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="NAME",
         help="split a chat's thinking into reasoning_content (deepseek_r1, deepseek_v3, qwen3, kimi_k2, "
-        "nemotron_v3, step3p5; SGLang's dashed spellings too)",
+        "nemotron_v3, step3p5, gemma4; SGLang's dashed spellings too)",
     )
     s.add_argument(
         "--tool-call-parser",

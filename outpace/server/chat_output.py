@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outpace.server.protocol import ChatCompletionRequest, bad_request
-from outpace.server.reasoning import THINK_END, THINK_START, ReasoningStream, ThinkingFormat
+from outpace.server.reasoning import ReasoningStream, ThinkingFormat
 from outpace.server.tool_calls import ToolCall, ToolCallFormat, ToolCallStream
 
 
@@ -38,7 +38,9 @@ class ChatParsers:
     def of(
         cls, reasoning: ThinkingFormat | None, tools: ToolCallFormat | None, tokenizer
     ) -> ChatParsers:
-        markers = ([THINK_START, THINK_END] if reasoning else []) + ([tools.start] if tools else [])
+        markers = ([reasoning.start, reasoning.end] if reasoning else []) + (
+            [tools.start] if tools else []
+        )
         return cls(reasoning, tools, any(_is_special(tokenizer, m) for m in markers))
 
     def for_request(self, body: ChatCompletionRequest, prompt: str) -> ChatParsing:
@@ -59,7 +61,7 @@ class ChatParsers:
         if self.special_markers and (self.reasoning or calls_tools):
             body.skip_special_tokens = False
         if self.reasoning is not None and not self.reasoning.ended_in(prompt):
-            body._starts_after = THINK_END  # a constraint holds for the answer alone
+            body._starts_after = self.reasoning.end  # a constraint holds for the answer alone
         tools = self.tools if calls_tools else None
         return ChatParsing(self.reasoning, tools, body.tool_dicts(), prompt, **options)
 

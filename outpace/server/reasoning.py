@@ -2,7 +2,8 @@
 ``content``, the DeepSeek API's contract that SGLang and vLLM serve), whole and while streaming.
 
 The thinking of every family served here sits between ``<think>`` and ``</think>`` (vLLM's and SGLang's
-parsers of these names; vllm/reasoning/*_reasoning_parser.py, sglang/srt/parser/reasoning_parser.py). Where it
+parsers of these names; vllm/reasoning/*_reasoning_parser.py, sglang/srt/parser/reasoning_parser.py), Gemma 4's
+between ``<|channel>thought\n`` and ``<channel|>`` (what follows says <think> for either). Where it
 starts is what the parsers of those servers guess at per model, and what the prompt says here: chat templates
 open the block themselves (DeepSeek-R1-0528, DeepSeek-V3.1 ``thinking``, Qwen3's thinking models), close it
 empty to turn thinking off (Qwen3 ``enable_thinking: false``, Nemotron 3, DeepSeek-V3.1 without ``thinking``),
@@ -18,23 +19,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-THINK_START, THINK_END = "<think>", "</think>"
-
 
 @dataclass(frozen=True)
 class ThinkingFormat:
     name: str
     implicit_ends: tuple[str, ...] = ()  # markers that end the block and stay in the content
-    trim_newlines: bool = False  # one newline dropped on each side of </think>
+    trim_newlines: bool = False  # one newline dropped on each side of the end
+    start: str = "<think>"
+    end: str = "</think>"
 
     def ended_in(self, prompt: str) -> bool:
         """Whether the prompt ends thinking (its last tag a </think>: thinking switched off by the template); if
         not, the output may think first (vLLM's ``is_reasoning_end`` of the prompt)."""
-        return prompt.rfind(THINK_END) > prompt.rfind(THINK_START)
+        return prompt.rfind(self.end) > prompt.rfind(self.start)
 
     def starts_inside(self, prompt: str) -> bool:
         """Whether the prompt leaves the output inside a thinking block (its last <think> not closed)."""
-        return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
+        return prompt.rfind(self.start) > prompt.rfind(self.end)
 
     def split(self, text: str, inside: bool, final: bool = True) -> tuple[str | None, str | None]:
         """(reasoning, content) of ``text``, the output so far; ``inside``: ``starts_inside`` of its prompt.
@@ -51,24 +52,24 @@ class ThinkingFormat:
     def block_start(self, text: str, inside: bool, final: bool) -> int | None:
         """Where the thinking in ``text`` starts (past a <think> that opens the output), -1 where there is none;
         None before ``final`` while white space or part of a <think> is all there is."""
-        if text.lstrip().startswith(THINK_START):
-            return text.index(THINK_START) + len(THINK_START)
-        if not final and THINK_START.startswith(text.lstrip()):
+        if text.lstrip().startswith(self.start):
+            return text.index(self.start) + len(self.start)
+        if not final and self.start.startswith(text.lstrip()):
             return None
         return 0 if inside else -1
 
     def split_block(self, block: str, final: bool) -> tuple[str, str | None, str | None]:
         """(reasoning, content, the marker that ended it) of ``block``, text from the thinking's start on; the
         content None (and no marker) while the block has not ended."""
-        ends = [(block.find(m), m) for m in (THINK_END, *self.implicit_ends)]
+        ends = [(block.find(m), m) for m in (self.end, *self.implicit_ends)]
         found = [(i, m) for i, m in ends if i >= 0]
         if not found:
             held = 0 if final else self._partial_marker(block)
             return block[: len(block) - held], None, None
         i, marker = min(found)
         reasoning, content = block[:i], block[i:]
-        if marker == THINK_END:
-            content = content[len(THINK_END) :]
+        if marker == self.end:
+            content = content[len(self.end) :]
             if self.trim_newlines:
                 content = content.removeprefix("\n")
         if self.trim_newlines:
@@ -77,8 +78,8 @@ class ThinkingFormat:
 
     def _partial_marker(self, reasoning: str) -> int:
         """Characters at the end of ``reasoning`` that could begin a marker ending the block."""
-        markers = [THINK_END, *self.implicit_ends] + (
-            ["\n" + THINK_END] if self.trim_newlines else []
+        markers = [self.end, *self.implicit_ends] + (
+            ["\n" + self.end] if self.trim_newlines else []
         )
         longest = 0
         for m in markers:
@@ -99,6 +100,9 @@ REASONING_FORMATS = {
         ThinkingFormat("nemotron_v3"),
         ThinkingFormat("kimi_k2", implicit_ends=(_KIMI_TOOL_SECTION,)),
         ThinkingFormat("step3p5", trim_newlines=True),
+        # Gemma 4: "<|channel>thought\n...<channel|>", ended early by a tool call
+        # (vllm/reasoning/gemma4_reasoning_parser.py; its "thought\n" label is read here as part of the start)
+        ThinkingFormat("gemma4", ("<|tool_call>",), start="<|channel>thought\n", end="<channel|>"),
     )
 }
 
@@ -141,6 +145,6 @@ class ReasoningStream:
             self.held = text[len(reasoning) :]
             return reasoning, ""
         self.phase = "content"
-        after = text.find(THINK_END) + len(THINK_END)
-        self.drop_newline = self.fmt.trim_newlines and marker == THINK_END and after == len(text)
+        after = text.find(self.fmt.end) + len(self.fmt.end)
+        self.drop_newline = self.fmt.trim_newlines and marker == self.fmt.end and after == len(text)
         return reasoning, content

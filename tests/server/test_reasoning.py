@@ -49,6 +49,16 @@ def test_step3p5_drops_one_newline_on_each_side_of_the_end():
     assert QWEN3.split("a\n\n</think>\n\nb", True) == ("a\n\n", "\n\nb")
 
 
+def test_gemma4_thinks_in_its_thought_channel():
+    gemma = reasoning_format("gemma4")
+    prompt = "<|turn>model\n"
+    text = "<|channel>thought\nThe sum is 4.<channel|>Four."
+    assert gemma.split(text, gemma.starts_inside(prompt)) == ("The sum is 4.", "Four.")
+    call = "<|channel>thought\nUse the tool.<|tool_call>call:f{}<tool_call|>"
+    assert gemma.split(call, False) == ("Use the tool.", "<|tool_call>call:f{}<tool_call|>")
+    assert gemma.split("Four.", False) == (None, "Four.")
+
+
 def test_an_unknown_parser_is_refused_by_its_flag():
     with pytest.raises(ValueError, match="--reasoning-parser 'r1'.*deepseek_r1"):
         reasoning_format("r1")
@@ -64,6 +74,9 @@ TEXTS = [
     "r<|tool_calls_section_begin|><|tool_call_begin|>x",
     "\n\n",
     "",
+    "<|channel>thought\nhm<channel|>Yes.",
+    "<|channel>thou",
+    "r<|tool_call>call:f{}<tool_call|>",
 ]
 
 
