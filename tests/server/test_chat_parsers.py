@@ -38,6 +38,7 @@ WEATHER = {
     },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+WEATHER_ARGS = {"city": "Paris"}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 
 
@@ -342,3 +343,44 @@ def test_parallel_tool_calls_false_through_the_server(http):
     assert [c["function"] for c in first["choices"][0]["message"]["tool_calls"]] == [
         both[0]["function"]
     ]
+
+
+def test_the_official_client_reads_calls_and_reasoning(http, thinking):
+    """The openai package's own types, whole and streamed (the TestClient as its HTTP client)."""
+    openai = pytest.importorskip("openai")
+
+    def client(app_client):
+        url = "http://testserver/v1"
+        return openai.OpenAI(base_url=url, api_key="-", http_client=app_client, max_retries=0)
+
+    tools_client = client(http)
+    model = tools_client.models.list().data[0].id
+    guided = {"guided_choice": ["Let me look.\n" + CALL]}
+    body = dict(model=model, messages=USER, tools=[WEATHER], max_tokens=200, temperature=0)
+    answer = tools_client.chat.completions.create(**body, extra_body=guided)
+    [call] = answer.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        WEATHER_ARGS,
+    )
+    assert answer.choices[0].finish_reason == "tool_calls"
+    parts: dict[int, dict] = {}
+    for chunk in tools_client.chat.completions.create(**body, extra_body=guided, stream=True):
+        deltas = chunk.choices[0].delta.tool_calls if chunk.choices else None
+        for delta in deltas or []:
+            part = parts.setdefault(delta.index, {"name": "", "arguments": ""})
+            part["name"] += delta.function.name or ""
+            part["arguments"] += delta.function.arguments or ""
+    assert [(p["name"], json.loads(p["arguments"])) for p in parts.values()] == [
+        ("get_weather", WEATHER_ARGS)
+    ]
+    opened = {"chat_template_kwargs": {"enable_thinking": True}}
+    message = (
+        client(thinking)
+        .chat.completions.create(
+            model=model, messages=USER, max_tokens=12, temperature=0, extra_body=opened
+        )
+        .choices[0]
+        .message
+    )
+    assert message.content is None and message.reasoning_content == free(http, **opened)["content"]
