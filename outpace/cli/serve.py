@@ -90,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="NAME",
         help="parse a chat's tool calls into tool_calls, in the model's format (e.g. hermes for Qwen, "
-        "qwen3_coder, step3p5, deepseek_v3, deepseek_v31, kimi_k2, mistral, llama3_json)",
+        "qwen3_coder, step3p5, deepseek_v3, deepseek_v31, kimi_k2, mistral, llama3_json, gemma4)",
     )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=run)

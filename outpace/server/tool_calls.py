@@ -14,13 +14,14 @@ calls it has sent, and ``parse`` answers as the stream does.
 
 Names must look like names (no white space, quotes, braces or angle brackets: vLLM's qwen3_coder check,
 applied to every format), and arguments must be a JSON object; arguments the model wrote as JSON text are
-kept as written (vLLM passes them on), those inside a JSON call are written out again (``ensure_ascii``
-off, as vLLM does).
+kept as written (vLLM passes them on), those inside a JSON call or in a syntax of the model's own (gemma4)
+are written out as JSON (``ensure_ascii`` off, as vLLM does).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -250,7 +251,7 @@ def _schema_type(schema: Any) -> str:
 
 
 class _Marked(ToolCallFormat):
-    """A section of calls each between ``call_begin`` and ``call_end`` (special tokens), read by ``_body``."""
+    """A section of calls each between ``call_begin`` and ``call_end`` (markers), read by ``_body``."""
 
     call_begin: str
     call_end: str
@@ -362,6 +363,117 @@ class _Llama3Json(ToolCallFormat):
         return [_json_call(obj, ("arguments", "parameters"))], end
 
 
+class _Gemma4(_Marked):
+    """Gemma 4: ``<|tool_call>call:NAME{ARGS}<tool_call|>`` a call, calls written one after another (no
+    separator, no section closer). ARGS is Gemma's own syntax, not JSON (the chat template's ``format_argument``):
+    ``key:value`` pairs joined by commas, keys bare (or wrapped as strings are), strings wrapped in ``<|"|>`` and
+    written as they are (no escapes: a string ends at the next ``<|"|>``), objects in ``{...}``, lists of values
+    in ``[...]`` joined by commas, white space between the parts ignored; a bare value is ``true``/``false``,
+    null (``null``/``none``/``nil``, any case), a number, or else a string as written (vLLM's reading). The
+    arguments are written out as a JSON object. What vLLM reads only by guessing is malformed here: a string,
+    object or list left open, an empty value, a stray comma, JSON's quotes in a bare key or value.
+    Source: vllm/tool_parsers/gemma4_tool_parser.py (``_parse_gemma4_args``; gemma4_utils.py is an offline
+    reader), vLLM's examples/tool_chat_template_gemma4.jinja, SGLang's srt/function_call/gemma4_detector.py."""
+
+    name, start, separator = "gemma4", "<|tool_call>", "<|tool_call>"
+    call_begin, call_end = "call:", "<tool_call|>"
+
+    def _body(self, body):
+        brace = body.find("{")
+        if brace < 0:
+            raise _Malformed
+        try:
+            arguments, end = _gemma4_items(body, brace + 1, "}", _gemma4_pair)
+        except RecursionError:  # nested past Python's stack
+            raise _Malformed from None
+        if body[end:].strip():
+            raise _Malformed
+        return _call(body[:brace], json.dumps(dict(arguments), ensure_ascii=False))
+
+
+_G4_QUOTE = '<|"|>'  # Gemma 4's string delimiter (a special token)
+_G4_KEY = re.compile(r'[^:,{}\[\]<>"]+')  # a bare key: up to its ":"
+_G4_BARE = re.compile(r'[^,{}\[\]<>"]+')  # a bare value: up to the "," or closer after it
+_G4_NUMBER = re.compile(r"-?(?:[0-9]+(\.[0-9]*)?|(\.)[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def _gemma4_items(text: str, pos: int, close: str, item: Callable) -> tuple[list, int]:
+    """The ``item``s from ``pos`` (after an opening bracket) joined by commas up to ``close``, and the position
+    after it."""
+    items: list = []
+    pos = _WS.match(text, pos).end()
+    if text.startswith(close, pos):
+        return items, pos + 1
+    while True:
+        value, pos = item(text, pos)
+        items.append(value)
+        pos = _WS.match(text, pos).end()
+        if text.startswith(close, pos):
+            return items, pos + 1
+        if not text.startswith(",", pos):
+            raise _Malformed
+        pos += 1
+
+
+def _gemma4_string(text: str, pos: int) -> tuple[str, int] | None:
+    """The ``<|"|>``-wrapped string at ``pos`` and the position after it; None: no string opens there."""
+    if not text.startswith(_G4_QUOTE, pos):
+        return None
+    pos += len(_G4_QUOTE)
+    end = text.find(_G4_QUOTE, pos)
+    if end < 0:
+        raise _Malformed
+    return text[pos:end], end + len(_G4_QUOTE)
+
+
+def _gemma4_pair(text: str, pos: int) -> tuple[tuple[str, Any], int]:
+    pos = _WS.match(text, pos).end()
+    found = _gemma4_string(text, pos)
+    if found is None:
+        word = _G4_KEY.match(text, pos)
+        if word is None:
+            raise _Malformed
+        found = word[0].strip(), word.end()
+    key, pos = found
+    pos = _WS.match(text, pos).end()
+    if not text.startswith(":", pos):
+        raise _Malformed
+    value, pos = _gemma4_value(text, pos + 1)
+    return (key, value), pos
+
+
+def _gemma4_value(text: str, pos: int) -> tuple[Any, int]:
+    pos = _WS.match(text, pos).end()
+    found = _gemma4_string(text, pos)
+    if found is not None:
+        return found
+    if text.startswith("{", pos):
+        pairs, pos = _gemma4_items(text, pos + 1, "}", _gemma4_pair)
+        return dict(pairs), pos
+    if text.startswith("[", pos):
+        return _gemma4_items(text, pos + 1, "]", _gemma4_value)
+    word = _G4_BARE.match(text, pos)
+    if word is None:
+        raise _Malformed
+    return _gemma4_scalar(word[0].strip()), word.end()
+
+
+def _gemma4_scalar(word: str) -> Any:
+    """A bare value: a boolean, null, a number (an int where written without a point or exponent), or else the
+    string as written."""
+    if word in ("true", "false"):
+        return word == "true"
+    if word.lower() in ("null", "none", "nil"):
+        return None
+    number = _G4_NUMBER.fullmatch(word)
+    if number is not None:
+        if not any(number.groups()):
+            return int(word)
+        if math.isfinite(value := float(word)):
+            return value
+    return word
+
+
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
     f.name: f
     for f in (
@@ -373,6 +485,7 @@ TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
         _KimiK2(),
         _Mistral(),
         _Llama3Json(),
+        _Gemma4(),
     )
 }
 

@@ -60,6 +60,17 @@ def qwen3_coder_call(i, name, args):
     return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
 
 
+def gemma(value) -> str:
+    """``value`` in Gemma 4's argument syntax (vLLM's tool_chat_template_gemma4.jinja ``format_argument``)."""
+    if isinstance(value, str):
+        return f'<|"|>{value}<|"|>'
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{gemma(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(map(gemma, value)) + "]"
+    return dumps(value)  # true, false, null, numbers
+
+
 # each format: (the text of call number i, the calls' texts joined into the output's tool-call part)
 LAYOUTS = {
     "hermes": (
@@ -90,6 +101,7 @@ LAYOUTS = {
         lambda i, n, a: dumps({"name": n, "parameters": a}),
         lambda calls: "<|python_tag|>" + "; ".join(calls),
     ),
+    "gemma4": (lambda i, n, a: f"<|tool_call>call:{n}{gemma(a)}<tool_call|>", "".join),
 }
 
 
@@ -171,6 +183,21 @@ MALFORMED = {
         '<|python_tag|>brave_search.call(query="weather in Paris")',
         '{"name": "get_weather"}',
     ],
+    "gemma4": [
+        '<|tool_call>call:get_weather{city:<|"|>Paris}<tool_call|>',  # vLLM: "Paris"
+        '<|tool_call>get_weather{city:<|"|>Paris<|"|>}<tool_call|>',
+        "<|tool_call>call:get weather{}<tool_call|>",
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}',
+        '<|tool_call>call:get_weather{"city": "Paris"}<tool_call|>',
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:}<tool_call|>',
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,,days:3}<tool_call|>',
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|> days:3}<tool_call|>',
+        '<|tool_call>call:get_weather{city:[<|"|>Paris<|"|>}<tool_call|>',
+        '<|tool_call>call:get_weather{city:{name:<|"|>Paris<|"|>}<tool_call|>',
+        '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>} then<tool_call|>',
+        "<|tool_call>call:get_weather<tool_call|>",
+        "I would write <|tool_call> here.",
+    ],
 }
 MALFORMED["step3p5"] = MALFORMED["qwen3_coder"]
 
@@ -194,6 +221,7 @@ def test_every_format_is_covered():
         "kimi_k2",
         "mistral",
         "llama3_json",
+        "gemma4",
     }
 
 
@@ -349,6 +377,47 @@ def test_llama3_json_bare_json_opens_only_the_output():
     assert parse("llama3_json", text) == (text, [])
     text = " " + calls  # vLLM's stream: the output must begin with the JSON
     assert parse("llama3_json", text) == (text, [])
+
+
+def test_gemma4_arguments_syntax():
+    """Strings are anything between two ``<|"|>`` (commas, braces, quotes, brackets, the end tag, unicode);
+    bare values are booleans, null, numbers (ints stay ints) or else strings; objects and lists nest;
+    white space between the parts is ignored; keys may be wrapped as strings are (vLLM's
+    ``_parse_gemma4_args``, save that "1e-05" is a number here and a string there)."""
+    text = (
+        '<|tool_call>call:search{query:<|"|>a, b: {c} "d" [e] 東京 \\ <tool_call|>\n<|"|>,\n'
+        " n : -3 , x:2.5e3,y:1e-05,z:2.,big:1e400,f:false,t:true,none:null,nil:None,\n"
+        'o:{k:[1, <|"|>s<|"|>, {deep:[]}, [true, null]], e:{}},l:[ ],w:some bare words,'
+        '<|"|>quoted key<|"|>:<|"|><|"|>} <tool_call|>'
+    )
+    arguments = {
+        "query": 'a, b: {c} "d" [e] 東京 \\ <tool_call|>\n',
+        "n": -3,
+        "x": 2500.0,
+        "y": 1e-05,
+        "z": 2.0,
+        "big": "1e400",
+        "f": False,
+        "t": True,
+        "none": None,
+        "nil": None,
+        "o": {"k": [1, "s", {"deep": []}, [True, None]], "e": {}},
+        "l": [],
+        "w": "some bare words",
+        "quoted key": "",
+    }
+    text = "Sure." + text
+    whole = ("Sure.", [ToolCall("search", dumps(arguments))])  # dumps: -3 stays "-3", not "-3.0"
+    assert parse("gemma4", text) == whole
+    assert streamed("gemma4", list(text) + [""]) == whole  # the end tag in the string cuts no call
+    # digits other than ASCII's, Python's "1_000", "nan" are strings; nesting past the stack is malformed
+    text = "<|tool_call>call:f{a:٣,b:1_000,c:nan}<tool_call|>"
+    assert parse("gemma4", text) == ("", [ToolCall("f", '{"a": "٣", "b": "1_000", "c": "nan"}')])
+    text = "<|tool_call>call:f{a:" + "[" * 5000 + "]" * 5000 + "}<tool_call|>"
+    assert parse("gemma4", text) == (text, [])
+    # two calls, one after the other, and no arguments
+    text = '<|tool_call>call:get_time{}<tool_call|><|tool_call>call:f{a:<|"|>{}<|"|>}<tool_call|>'
+    assert parse("gemma4", text) == ("", [ToolCall("get_time", "{}"), ToolCall("f", '{"a": "{}"}')])
 
 
 def test_a_call_is_emitted_once_its_end_is_seen():
