@@ -9,8 +9,8 @@ open the block themselves (DeepSeek-R1-0528, DeepSeek-V3.1 ``thinking``, Qwen3's
 empty to turn thinking off (Qwen3 ``enable_thinking: false``, Nemotron 3, DeepSeek-V3.1 without ``thinking``),
 or leave the model to write ``<think>`` first (Qwen3, Kimi-K2-Thinking). So the output starts inside the
 block when the prompt's last ``<think>`` is not closed; otherwise a ``<think>`` that opens the output (after
-white space) starts one. The block ends at ``</think>`` or, for Kimi-K2, where a tool-call section begins
-(vLLM's kimi_k2 parser: that marker stays in the content, for the tool-call parser); an output that ends
+white space) starts one. The block ends at ``</think>`` or, for Kimi-K2 and Gemma 4, where a tool call begins
+(vLLM's kimi_k2 and gemma4 parsers: that marker stays in the content, for the tool-call parser); an output that ends
 inside the block is all reasoning, its content None (vLLM's deepseek_r1). Step-3.5-Flash writes a newline on
 each side of ``</think>``, which is dropped (vLLM's step3p5 parser).
 """
