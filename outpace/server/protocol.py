@@ -484,6 +484,9 @@ class ChatCompletionRequest(SamplingFields):
         None  # extra variables of the chat template (vLLM's)
     )
     add_generation_prompt: bool = True
+    continue_final_message: bool = (
+        False  # vLLM's: the answer continues the last (assistant) message
+    )
     add_special_tokens: bool = False  # the chat template holds the special tokens (vLLM's default)
 
     def check_supported(self) -> None:
@@ -495,6 +498,18 @@ class ChatCompletionRequest(SamplingFields):
                 f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs"
             )
         check_template_kwargs(self.chat_template_kwargs)
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise bad_request(
+                    "continue_final_message needs add_generation_prompt: false (the answer continues the "
+                    "last message instead of opening a new one)",
+                    "continue_final_message",
+                )
+            if not self.messages or self.messages[-1].role != "assistant":
+                raise bad_request(
+                    "continue_final_message needs the last message to be the assistant's",
+                    "continue_final_message",
+                )
         for i, tool in enumerate(self.tools or []):
             if tool.function.strict and self.forced_tool is None:
                 raise unsupported(

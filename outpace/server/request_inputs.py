@@ -42,9 +42,11 @@ class RequestInputs:
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The chat template applied to ``messages``, given ``tools`` and the variables ``template_kwargs``
-        (e.g. Qwen3's ``enable_thinking``, DeepSeek-V3.1's ``thinking``)."""
+        (e.g. Qwen3's ``enable_thinking``, DeepSeek-V3.1's ``thinking``); ``continue_final_message``: the text
+        ends inside the last (assistant) message, which the answer continues."""
         tok = self.engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise bad_request("this model has no chat template: use /v1/completions", "messages")
@@ -54,6 +56,7 @@ class RequestInputs:
                 tools=tools,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
                 **(template_kwargs or {}),
             )
         except APIError:
@@ -100,7 +103,11 @@ class RequestInputs:
     def tokenize_chat(self, body: ChatCompletionRequest) -> tuple[list[list[int]], list[str]]:
         """The one prompt of a chat: the templated messages' token ids and text."""
         text = self.chat_text(
-            body.messages, body.add_generation_prompt, body.tool_dicts(), body.chat_template_kwargs
+            body.messages,
+            body.add_generation_prompt,
+            body.tool_dicts(),
+            body.chat_template_kwargs,
+            body.continue_final_message,
         )
         tok = self.engine.tokenizer
         return [tok.encode(text, add_special_tokens=body.add_special_tokens)], [text]

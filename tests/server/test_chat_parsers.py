@@ -384,3 +384,23 @@ def test_the_official_client_reads_calls_and_reasoning(http, thinking):
         .message
     )
     assert message.content is None and message.reasoning_content == free(http, **opened)["content"]
+
+
+def test_continue_final_message_continues_the_assistants_text(http, model_dir):
+    """vLLM's continue_final_message: the prompt ends inside the last (assistant) message, so the answer is what
+    a completion of that text gives."""
+    from transformers import AutoTokenizer
+
+    turn = [*USER, {"role": "assistant", "content": "def add(a, b):"}]
+    text = AutoTokenizer.from_pretrained(model_dir).apply_chat_template(
+        turn, tokenize=False, add_generation_prompt=False, continue_final_message=True
+    )
+    assert text.endswith("def add(a, b):")
+    body = {"messages": turn, "max_tokens": 8, "temperature": 0, "add_generation_prompt": False}
+    r = http.post("/v1/chat/completions", json={**body, "continue_final_message": True})
+    completion = {"prompt": text, "max_tokens": 8, "temperature": 0, "add_special_tokens": False}
+    want = http.post("/v1/completions", json=completion).json()["choices"][0]["text"]
+    assert r.json()["choices"][0]["message"]["content"] == want
+    for wrong in ({**body, "add_generation_prompt": True}, {**body, "messages": USER}):
+        r = http.post("/v1/chat/completions", json={**wrong, "continue_final_message": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
