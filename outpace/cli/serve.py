@@ -92,6 +92,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="parse a chat's tool calls into tool_calls, in the model's format (e.g. hermes for Qwen, "
         "qwen3_coder, step3p5, deepseek_v3, deepseek_v31, kimi_k2, mistral, llama3_json, gemma4)",
     )
+    s.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's flag, taken so that its command lines serve: tool_choice auto is on wherever "
+        "--tool-call-parser is given, and this flag needs it",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=run)
 
@@ -122,6 +128,10 @@ def run(a: argparse.Namespace) -> None:
     # NOTE: imported here, not at the top: the parser (and `outpace --help`) loads no torch
     from outpace.server.app import run_server
 
+    if a.enable_auto_tool_choice and not a.tool_call_parser:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (the model's call format)"
+        )
     check_model_dir(a.model)
     if os.environ.get("RANK", "0") == "0":  # (under torchrun only rank 0 serves: launch.py)
         check_can_listen(a.host, a.port)

@@ -35,3 +35,23 @@ def test_a_port_in_use_is_refused_before_the_model_loads(no_server_start, llama_
     assert str(e.value.code).startswith(
         f"error: --host 127.0.0.1 --port {port}: cannot listen there"
     )
+
+
+def test_vllms_auto_tool_choice_flag_needs_a_tool_call_parser(
+    no_server_start, llama_dir, monkeypatch
+):
+    """vLLM's `--enable-auto-tool-choice --tool-call-parser NAME` command lines serve; the flag alone is refused
+    by name, before the model loads."""
+    with pytest.raises(SystemExit) as e:
+        main(["serve", str(llama_dir), "--enable-auto-tool-choice"])
+    assert str(e.value.code) == (
+        "error: --enable-auto-tool-choice needs --tool-call-parser (the model's call format)"
+    )
+    started = {}
+    monkeypatch.setattr(outpace.server.app, "run_server", lambda config, **kw: started.update(kw))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    flags = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+    main(["serve", str(llama_dir), "--device", "cpu", "--port", port, *flags])
+    assert started["tool_call_parser"] == "hermes"
