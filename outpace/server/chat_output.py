@@ -48,6 +48,7 @@ class ChatParsers:
         calls_tools, forced = body.calls_tools, body.forced_tool
         options = dict(
             include_reasoning=body.include_reasoning,
+            stream_reasoning=body.stream_reasoning,
             max_calls=None if body.parallel_tool_calls is not False else 1,
         )
         if forced is not None:
@@ -63,7 +64,8 @@ class ChatParsers:
         if self.reasoning is not None and not self.reasoning.ended_in(prompt):
             body._starts_after = self.reasoning.end  # a constraint holds for the answer alone
         tools = self.tools if calls_tools else None
-        return ChatParsing(self.reasoning, tools, body.tool_dicts(), prompt, **options)
+        reasoning = self.reasoning if body.separate_reasoning else None
+        return ChatParsing(reasoning, tools, body.tool_dicts(), prompt, **options)
 
 
 def _is_special(tokenizer, marker: str) -> bool:
@@ -82,6 +84,9 @@ class ChatParsing:
     prompt: str
     forced: str | None = None  # a forced tool choice: the function's name, or "required"
     include_reasoning: bool = True  # (vLLM's include_reasoning false: the thinking is dropped)
+    stream_reasoning: bool = (
+        True  # (SGLang's stream_reasoning false: the thinking in one delta at its end)
+    )
     max_calls: int | None = None  # 1 with parallel_tool_calls false: the first call alone
 
     @property
@@ -138,6 +143,7 @@ class ChoiceStream:
         )
         self.tools = ToolCallStream(parsing.tools, parsing.tool_list) if parsing.tools else None
         self.num_calls = 0
+        self.thinking = ""  # the thinking held back (stream_reasoning false)
 
     def feed(self, delta: str, final: bool) -> dict[str, Any]:
         if self.parsing.forced is not None:
@@ -146,6 +152,10 @@ class ChoiceStream:
         content = delta
         if self.reasoning is not None:
             reasoning, content = self.reasoning.feed(delta, final)
+            if not self.parsing.stream_reasoning:
+                self.thinking += reasoning
+                ended = final or self.reasoning.phase == "content"
+                reasoning, self.thinking = (self.thinking, "") if ended else ("", self.thinking)
             if reasoning and self.parsing.include_reasoning:
                 fields["reasoning_content"] = reasoning
         if self.tools is not None:

@@ -480,6 +480,8 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # false: the first tool call alone
     include_reasoning: bool = True  # vLLM's: false drops reasoning_content
+    separate_reasoning: bool = True  # SGLang's: false leaves the thinking in the content
+    stream_reasoning: bool = True  # SGLang's: false sends the thinking in one delta once it ends
     chat_template_kwargs: dict[str, Any] | None = (
         None  # extra variables of the chat template (vLLM's)
     )

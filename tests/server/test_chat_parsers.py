@@ -404,3 +404,25 @@ def test_continue_final_message_continues_the_assistants_text(http, model_dir):
     for wrong in ({**body, "add_generation_prompt": True}, {**body, "messages": USER}):
         r = http.post("/v1/chat/completions", json={**wrong, "continue_final_message": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message"
+
+
+def test_sglangs_separate_reasoning_and_stream_reasoning(http, thinking):
+    """separate_reasoning false leaves the thinking in the content; stream_reasoning false sends it in one delta
+    once it ends."""
+    opened = {"chat_template_kwargs": {"enable_thinking": True}}
+    text = free(http, **opened)["content"]
+    assert free(thinking, separate_reasoning=False, **opened) == {
+        "role": "assistant",
+        "content": text,
+    }
+    parsing = ChatParsing(
+        reasoning_format("qwen3"), None, None, "<|assistant|>\n", stream_reasoning=False
+    )
+    whole = "<think>one, two, three</think>Four."
+    stream = parsing.stream()
+    sent = [
+        stream.feed(whole[k : k + 3], final=k + 3 >= len(whole)) for k in range(0, len(whole), 3)
+    ]
+    thoughts = [f["reasoning_content"] for f in sent if "reasoning_content" in f]
+    assert thoughts == ["one, two, three"]
+    assert "".join(f.get("content", "") for f in sent) == "Four."
