@@ -491,20 +491,27 @@ class RoutedExperts(nn.Module):
             and first_in.weight.data_ptr() == self._stacks[1 - gated].data_ptr()
         ):
             return self._stacks
-        # Plain tensors even inside inference mode: the parameters become views of them.
+        # Plain tensors even inside inference mode: the parameters become views of them. Each expert's weights
+        # are copied straight into their rows and moved there at once, so its own storage is released before
+        # the next expert's copy: the layer's experts take at most one stack's size more while they move (a
+        # list of per-expert concatenations stacked took two gate/up stacks more: 42 GiB of Kimi-K2's layer,
+        # which ran out of an H100's memory, benchmarks/results/gpu_2026-12-07b call 4).
         with torch.no_grad(), torch.inference_mode(False):
             names = ("gate_proj", "up_proj") if gated else ("up_proj",)
-            gate_up = torch.stack(
-                [torch.cat([getattr(e, name).weight for name in names]) for e in self.per_expert]
-            )
-            down = torch.stack([e.down_proj.weight for e in self.per_expert])
-            inter = down.shape[2]
+            inter, hidden = first_in.weight.shape
+            num = len(self.per_expert)
+            gate_up = first_in.weight.new_empty(num, len(names) * inter, hidden)
             for e, expert in enumerate(self.per_expert):
                 for i, name in enumerate(names):
-                    getattr(expert, name).weight.data = gate_up[e, i * inter : (i + 1) * inter]
-                expert.down_proj.weight.data = down[e]
+                    rows = gate_up[e, i * inter : (i + 1) * inter]
+                    rows.copy_(getattr(expert, name).weight)
+                    getattr(expert, name).weight.data = rows
                 if getattr(expert, "gate_up", None) is not None:
                     expert.gate_up.weight = gate_up[e]
+            down = first.down_proj.weight.new_empty(num, *first.down_proj.weight.shape)
+            for e, expert in enumerate(self.per_expert):
+                down[e].copy_(expert.down_proj.weight)
+                expert.down_proj.weight.data = down[e]
         self._stacks = (gate_up[:, :inter] if gated else None, gate_up[:, -inter:], down)
         return self._stacks
 

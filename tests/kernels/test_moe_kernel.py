@@ -381,6 +381,36 @@ def test_stacked_weights_are_views_of_the_expert_parameters():
     assert moe.experts.stacks()[0].dtype == torch.float64
 
 
+def test_stacking_allocates_the_two_stacks_alone():
+    """The experts move into their stacks one by one: no per-expert copy is made on the way (a list of
+    concatenations stacked took two gate/up stacks' memory more: Kimi-K2's layer ran out of an H100's)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    moe = make_moe(hidden=16, inter=8, experts=4, top_k=2)
+    pack_projections(moe)
+    expert_bytes = 2 * 8 * 16 * moe.experts[0].down_proj.weight.element_size()
+
+    class NewStorages(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: dict[int, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for o in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(o, torch.Tensor):
+                    storage = o.untyped_storage()
+                    self.sizes[storage.data_ptr()] = storage.nbytes()
+            return out
+
+    before = {p.untyped_storage().data_ptr() for p in moe.parameters()}
+    with NewStorages() as seen:
+        gate, up, down = moe.experts.stacks()
+    made = sorted(n for ptr, n in seen.sizes.items() if ptr not in before and n >= expert_bytes)
+    assert made == sorted([down.untyped_storage().nbytes(), gate.untyped_storage().nbytes()])
+    assert made == [4 * 16 * 8 * down.element_size(), 4 * 2 * 8 * 16 * gate.element_size()]
+
+
 # ---- every activation, every layout --------------------------------------------------------------------------
 
 
