@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# ARG: fix-and-kimi (an 80 GB H100 is enough): the batch-invariant hybrid GPU tests after 0ab901a (hybrid prefix
+# caching off in batch-invariant mode), then issue 43 item 8 on the Kimi-K2 slice cut to 1 dense + 1 MoE layer, after
+# 9e3aa91 (expert stacks built without per-expert copies). Under 590 s.
+set -u
+export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
+mkdir -p $OUT
+nvidia-smi --query-gpu=name --format=csv,noheader
+case "$1" in
+fix-and-kimi)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_batch_invariant_hybrids_gpu.py \
+    > $OUT/bi_hybrids.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/bi_hybrids.log
+  timeout $(( 585 - SECONDS )) python3 benchmarks/scripts/batch_invariant_speed.py --shapes kimi-k2-slice --layers 2 \
+    --contexts 512 --out $OUT/kimi_invariant_2layers.json > $OUT/kimi_invariant_2layers.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/kimi_invariant_2layers.log
+  sed -i -E 's/\r/\n/g' $OUT/kimi_invariant_2layers.log
+  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/kimi_invariant_2layers.log
+  tail -12 $OUT/kimi_invariant_2layers.log
+  ;;
+esac
