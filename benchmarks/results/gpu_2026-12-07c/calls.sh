@@ -2,6 +2,9 @@
 # ARG: fix-and-kimi (an 80 GB H100 is enough): the batch-invariant hybrid GPU tests after 0ab901a (hybrid prefix
 # caching off in batch-invariant mode), then issue 43 item 8 on the Kimi-K2 slice cut to 1 dense + 1 MoE layer, after
 # 9e3aa91 (expert stacks built without per-expert copies). Under 590 s.
+# ARG: l2: o_proj's weight prefetched into L2 on a side stream while the attention runs (layers/l2_prefetch.py): its
+# GPU test (tokens and log-probabilities equal with it off, every fused attention path),
+# then decode_settings.py's l2_prefetch sweeps (on against off, batch 1 / 8 / 32 over 512 cached tokens). Under 590 s.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
@@ -17,5 +20,16 @@ fix-and-kimi)
   sed -i -E 's/\r/\n/g' $OUT/kimi_invariant_2layers.log
   sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/kimi_invariant_2layers.log
   tail -12 $OUT/kimi_invariant_2layers.log
+  ;;
+l2)
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/gpu/test_l2_prefetch_gpu.py \
+    > $OUT/l2_tests.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/l2_tests.log
+  timeout $(( 585 - SECONDS )) python3 benchmarks/scripts/decode_settings.py $OUT/l2 l2_prefetch_llama \
+    l2_prefetch_v2 l2_prefetch_qwen35 l2_prefetch_gemma3 > $OUT/l2_sweeps.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/l2_sweeps.log
+  sed -i -E 's/\r/\n/g' $OUT/l2_sweeps.log
+  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/l2_sweeps.log
+  grep -E "step ms|shipped|l2_prefetch|rc=|Error" $OUT/l2_sweeps.log | grep -v "^  " | tail -30
   ;;
 esac
