@@ -76,6 +76,7 @@ KNOBS = {
     "few_token_gate_up": (moe_kernels, "few_token_gate_up"),
     "few_token_down": (moe_kernels, "few_token_down"),
     "l2_prefetch": (l2_prefetch, "enabled"),
+    "l2_prefetch_fraction": (l2_prefetch, "fraction"),
 }
 
 
@@ -492,6 +493,15 @@ SWEEPS |= _on_shapes(
         ("gemma4", "gemma-4-26b-a4b", None),
         ("qwen3next", "qwen3-next-80b-slice", None),
     ),
+)
+
+
+# why the prefetch lost at Llama-8B's batch 1 and 8 (gpu_2026-12-07c call 2): the side stream's fork and join alone
+# (a 16-byte prefetch), a quarter of o_proj's bytes, all of them, none
+SWEEPS["l2_prefetch_parts_llama"] = Sweep(
+    "llama-3.1-8b",
+    ((1, 512), (8, 512)),
+    ({}, {"l2_prefetch": False}, {"l2_prefetch_fraction": 0.0}, {"l2_prefetch_fraction": 0.25}),
 )
 
 

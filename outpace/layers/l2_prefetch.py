@@ -31,6 +31,8 @@ import torch
 
 # the decode settings' knob (benchmarks/scripts/decode_settings.py); OUTPACE_L2_PREFETCH=0 turns it off
 enabled = os.environ.get("OUTPACE_L2_PREFETCH", "1") != "0"
+# the share of each span's bytes asked for (decode_settings' knob: 0 leaves the side stream's fork and join alone)
+fraction = 1.0
 # the issued prefetches' count of the innermost open ``prefetching`` block (None: no block open)
 _block: ContextVar[list[int] | None] = ContextVar("l2_prefetch_block", default=None)
 
@@ -80,7 +82,7 @@ def issue(*weights) -> None:
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for t in spans:
-            prefetch_span(t)
+            prefetch_span(t, fraction)
     issued.append(len(spans))
 
 

@@ -30,9 +30,10 @@ def _prefetch_kernel(ptr, nbytes, CHUNK: tl.constexpr, CHUNKS: tl.constexpr):
     )
 
 
-def prefetch_span(t: torch.Tensor) -> None:
-    """Ask t's bytes (contiguous, 16-byte aligned; a tail under 16 bytes left out) into L2, on the current stream."""
-    nbytes = t.numel() * t.element_size() // 16 * 16
+def prefetch_span(t: torch.Tensor, fraction: float = 1.0) -> None:
+    """Ask t's bytes (contiguous, 16-byte aligned; a tail under 16 bytes left out), or their first ``fraction``
+    (16 bytes at least), into L2, on the current stream."""
+    nbytes = max(16, int(t.numel() * t.element_size() * fraction) // 16 * 16)
     chunks = triton.cdiv(nbytes, CHUNK_BYTES)
     _prefetch_kernel[(triton.cdiv(chunks, _CHUNKS_A_PROGRAM),)](
         t.view(-1).view(torch.uint8), nbytes, CHUNK=CHUNK_BYTES, CHUNKS=_CHUNKS_A_PROGRAM

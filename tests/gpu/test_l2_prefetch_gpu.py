@@ -26,7 +26,9 @@ def test_prefetching_o_proj_changes_no_bit(model, monkeypatch):
     spans = []
     launch = l2_prefetch_kernel.prefetch_span
     monkeypatch.setattr(
-        l2_prefetch_kernel, "prefetch_span", lambda t: (spans.append(t.data_ptr()), launch(t))
+        l2_prefetch_kernel,
+        "prefetch_span",
+        lambda t, fraction: (spans.append(t.data_ptr()), launch(t, fraction)),
     )
     monkeypatch.setattr(l2_prefetch, "enabled", True)
     with_prefetch = _generate(model)

@@ -47,7 +47,9 @@ def events(monkeypatch) -> list:
     monkeypatch.setattr(
         l2_prefetch_kernel,
         "prefetch_span",
-        lambda t: events.append((current[-1].name, t.data_ptr(), t.numel() * t.element_size())),
+        lambda t, fraction: events.append(
+            (current[-1].name, t.data_ptr(), t.numel() * t.element_size() * fraction)
+        ),
     )
     monkeypatch.setattr(l2_prefetch, "enabled", True)
     return events

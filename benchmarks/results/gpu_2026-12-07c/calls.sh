@@ -5,6 +5,7 @@
 # ARG: l2: o_proj's weight prefetched into L2 on a side stream while the attention runs (layers/l2_prefetch.py): its
 # GPU test (tokens and log-probabilities equal with it off, every fused attention path),
 # then decode_settings.py's l2_prefetch sweeps (on against off, batch 1 / 8 / 32 over 512 cached tokens). Under 590 s.
+# ARG: l2-parts: decode_settings.py l2_prefetch_parts_llama (why call 2's prefetch lost at Llama-8B's batch 1 and 8).
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
@@ -31,5 +32,13 @@ l2)
   sed -i -E 's/\r/\n/g' $OUT/l2_sweeps.log
   sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/l2_sweeps.log
   grep -E "step ms|shipped|l2_prefetch|rc=|Error" $OUT/l2_sweeps.log | grep -v "^  " | tail -30
+  ;;
+l2-parts)
+  timeout 400 python3 benchmarks/scripts/decode_settings.py $OUT/l2_parts.json l2_prefetch_parts_llama \
+    > $OUT/l2_parts.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/l2_parts.log
+  sed -i -E 's/\r/\n/g' $OUT/l2_parts.log
+  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/l2_parts.log
+  grep -vE "^  " $OUT/l2_parts.log | tail -8
   ;;
 esac
