@@ -28,7 +28,6 @@ from outpace.bench.profile import _recapture_decode
 from outpace.layers import (
     expert_blocks,
     fused_projection,
-    l2_prefetch,
     mamba2_step_kernel,
     mla_fused,
     moe_kernels,
@@ -75,8 +74,6 @@ KNOBS = {
     "small_blocks_max_tokens": (expert_blocks, "small_blocks_max_tokens"),
     "few_token_gate_up": (moe_kernels, "few_token_gate_up"),
     "few_token_down": (moe_kernels, "few_token_down"),
-    "l2_prefetch": (l2_prefetch, "enabled"),
-    "l2_prefetch_fraction": (l2_prefetch, "fraction"),
 }
 
 
@@ -477,31 +474,6 @@ SWEEPS |= _on_shapes(
         ("qwen3next_fp8", "qwen3-next-80b-slice", "fp8"),
         ("step_fp8", "step-3.5-flash-slice", "fp8"),
     ),
-)
-
-
-# o_proj's weight brought into L2 on a side stream while the attention runs (layers/l2_prefetch.py), against none
-SWEEPS |= _on_shapes(
-    "l2_prefetch_",
-    ((1, 512), (8, 512), (32, 512)),
-    ({}, {"l2_prefetch": False}),
-    (
-        ("llama", "llama-3.1-8b", None),
-        ("v2", "deepseek-v2-lite", None),
-        ("gemma3", "gemma-3-12b", None),
-        ("qwen35", "qwen3.5", None),
-        ("gemma4", "gemma-4-26b-a4b", None),
-        ("qwen3next", "qwen3-next-80b-slice", None),
-    ),
-)
-
-
-# why the prefetch lost at Llama-8B's batch 1 and 8 (gpu_2026-12-07c call 2): the side stream's fork and join alone
-# (a 16-byte prefetch), a quarter of o_proj's bytes, all of them, none
-SWEEPS["l2_prefetch_parts_llama"] = Sweep(
-    "llama-3.1-8b",
-    ((1, 512), (8, 512)),
-    ({}, {"l2_prefetch": False}, {"l2_prefetch_fraction": 0.0}, {"l2_prefetch_fraction": 0.25}),
 )
 
 

@@ -41,7 +41,6 @@ from torch import nn
 from outpace.attention.context import batch_invariant
 from outpace.distributed.collectives import all_reduce
 from outpace.distributed.group import RankGroup
-from outpace.layers import l2_prefetch
 from outpace.layers.activation import FUSED_ACTIVATIONS, act_and_mul
 from outpace.layers.argmax import argmax_last
 from outpace.layers.decoder import (
@@ -107,12 +106,6 @@ def fused_weight(proj) -> torch.Tensor | Fp8Weight | Int4Weight | None:
     ``_quantized_product``)."""
     weight = proj.kernel_weight() if isinstance(proj, QuantizedLinear) else proj.weight
     return None if isinstance(weight, Int4Weight) and batch_invariant() else weight
-
-
-def prefetch_o_proj(attn: nn.Module) -> None:
-    """Bring ``attn.o_proj``'s weight into L2 beside the attention about to run (layers/l2_prefetch.py): called
-    between the kernel that projects the queries and the attention, so the prefetch competes with neither."""
-    l2_prefetch.issue(fused_weight(attn.o_proj))
 
 
 def norm_offset(norm: nn.Module) -> float:
@@ -269,7 +262,6 @@ def attend_fused(attn: DecoderAttention, positions: torch.Tensor, rows, eps: flo
     [num_tokens, heads * head_dim] (before o_proj). One kernel normalises, projects, applies the q/k norms,
     rotates and writes k and v into the cache; the backend then attends over the cache."""
     q = project_fused(attn, kernel_rows(rows), eps, positions, *attn.attn.fused_write_target())
-    prefetch_o_proj(attn)
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.cfg.head_dim), positions)
 
 
@@ -517,13 +509,10 @@ def run_fused_layers(
     norms = list(input_norms[1:]) + [final_norm]  # the norm after each layer
     first = input_norms[0]
     rows = row_norm_kernels().normed_rows(h, first.weight, norm_offset(first))
-    with l2_prefetch.prefetching(
-        h.device
-    ):  # (the layers' weight prefetches joined at the stack's end)
-        for i, (layer, next_norm) in enumerate(zip(layers, norms)):
-            if i in capture:
-                captured[i] = rows.stream
-            rows = layer.forward_fused(positions, rows, next_norm)
+    for i, (layer, next_norm) in enumerate(zip(layers, norms)):
+        if i in capture:
+            captured[i] = rows.stream
+        rows = layer.forward_fused(positions, rows, next_norm)
     return rows.stream, captured
 
 

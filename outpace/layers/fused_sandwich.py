@@ -17,7 +17,6 @@ from outpace.layers.fused_decoder import (
     fused_weight,
     mlp_fuses,
     norm_offset,
-    prefetch_o_proj,
     projection_kernels,
     reduced_product,
     row_norm_kernels,
@@ -75,7 +74,6 @@ def attend_fused_qkv(
         v_norm=v_norm,
         v_from_k=v_from_k,
     )
-    prefetch_o_proj(attn)
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions, out_gate)
 
 
@@ -105,7 +103,6 @@ def attend_fused_qkv_gate(
         **_heads_args(attn, positions),
         interleaved=interleaved,
     )
-    prefetch_o_proj(attn)
     return attn.attn.attend_written(q.view(q.shape[0], -1, attn.head_dim), positions, gate)
 
 

@@ -66,7 +66,6 @@ import triton
 
 from outpace.attention.metadata import PagedAttentionMetadata
 from outpace.attention.mla_kernels import mla_attention_up
-from outpace.layers.fused_decoder import prefetch_o_proj
 from outpace.layers.mla import MultiHeadLatentAttention, fused_weight_format
 from outpace.layers.mla_fused_kernels import absorb_kernel, down_kernel, q_absorb_kernel
 from outpace.layers.normed_rows import NormedRows
@@ -283,7 +282,6 @@ def mla_attend_fused(
         num_stages=_DOWN_STAGES,
         **pdl_launch_options(pdl),
     )
-    prefetch_o_proj(layer)  # (while the absorption and the attention run)
     cache = layer.cache_rows.view(-1, kv_width)
     w_uk, w_uv = layer.up_weights()  # [heads, nope, R], [heads, v_head_dim, R]: bf16 (a quantized
     # kv_b_proj's copy dequantized after loading, layers/mla.py ``pack_rows``)

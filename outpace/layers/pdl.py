@@ -47,7 +47,11 @@ def pdl_enter(ENABLED: tl.constexpr):
 def prefetch_l2(ptrs):
     """Ask for the 128-byte lines at ``ptrs`` to be brought into L2 (no registers are written): what a
     kernel does with inputs that no earlier kernel still writes, before ``pdl_enter``. Only a hint:
-    L2 is where global memory is coherent, so a line a later write changes is never read stale."""
+    L2 is where global memory is coherent, so a line a later write changes is never read stale.
+    Asking a whole weight in ahead, beyond a kernel's own first lines, lost: o_proj's 33.5 MB brought into L2 on
+    a side stream (Hopper's bulk prefetch) while Llama-3.1-8B's attention ran made its batch-1 step 2.5% and 3.9%
+    slower in two runs and its batch-8 step 3.9% and 4.4%; a quarter of it cost 3.6% at batch 1, the side
+    stream's fork and join alone 0.2% (H100, benchmarks/results/gpu_2026-12-07c calls 2 and 3)."""
     tl.inline_asm_elementwise(
         "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
         "=r,l",
