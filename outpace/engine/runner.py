@@ -364,7 +364,8 @@ class ModelRunner:
             self._free_retired(wait=False)
         chooser = self.choosers.get(launch.key.mode)
         if chooser is not None:
-            chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
+            if launch.timer is not None:
+                chooser.record_cost(launch.key.bucket, launch.key.shape, launch.timer.seconds())
             chooser.observe(launch.key.shape, accepted, launch.request_ids)
         order = launch.row_of(ids)
         counts = [accepted[i] + 1 for i in order]
@@ -422,9 +423,13 @@ class ModelRunner:
         saved = self.run_ahead.saved_state(key, req_indices) if ahead else None
         width = None if bucket is not None else max(len(self.pool.table(rid)) for rid in ids)
         starts = () if ahead else tuple(map(_num_computed, reqs))
-        timer = (
-            StepTimer(self.device) if self.choosers else None
-        )  # adaptive: every step's time is measured
+        # adaptive: a step's time is measured where it replays its key, or where no graph holds its batch (every step
+        # of that size eager). An eager step of a captured bucket (a key whose capture failed) would charge its
+        # launches to the replays' cost of its shape, which a shape no longer chosen keeps until a probe: after a
+        # run of eager steps (logits features uncaptured) adaptive EAGLE3 decoded plainly for every later batch,
+        # 1559 tok/s against 4551 before at batch 8 (benchmarks/results/gpu_2026-12-07c, call 4).
+        timed = self.choosers and (bucket is None or key in self.decode_step.graphs)
+        timer = StepTimer(self.device) if timed else None
         masks = None
         if key.features.grammar and shape.num_steps:
             masks = lambda drafts: self._grammar_masks(reqs, drafts)  # noqa: E731

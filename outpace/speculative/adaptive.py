@@ -433,7 +433,8 @@ class DraftLengthChooser:
             self._version += 1
 
     def record_cost(self, bucket: int, shape: DraftShape, seconds: float) -> None:
-        """A step's measured time (eager steps: smoothed; start-up profiles: as given, then fixed)."""
+        """A step's measured time: the first (a start-up profile, or a shape's first step) as given, later ones
+        smoothed into it."""
         key = (bucket, shape)
         old = self.costs.get(key)
         self.costs[key] = (

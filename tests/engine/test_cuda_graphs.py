@@ -13,6 +13,7 @@ import torch
 from outpace import LLM, SamplingParams
 from outpace.config import SpeculativeConfig
 from outpace.engine.cuda_graphs import batch_buckets, bucket_for
+from outpace.engine.step_key import SamplingMode
 from outpace.sampling_params import StructuredOutputsParams
 
 ZOO = "zoo/tinypy"
@@ -339,6 +340,30 @@ def test_a_late_capture_out_of_memory_leaves_the_key_eager(prompts, caplog):
     assert len(tries) == 1 and calls["eager"] > 5
     assert "run eagerly: capturing one ran out of memory" in caplog.text
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks
+
+
+def test_eager_steps_of_a_captured_bucket_leave_the_choosers_costs_alone(prompts):
+    """An adaptive engine whose late capture of a logprobs key fails runs that key's steps eagerly: their times stay
+    out of the chooser's step costs, which describe replays (an eager step's launches charged to its shape's cost
+    stayed there while the shape was not chosen again: benchmarks/results/gpu_2026-12-07c, call 4); the replays
+    before them did measure theirs."""
+    llm = _graphed(SpeculativeConfig(method="mtp", num_steps=3, adaptive=True))
+    chooser = llm.engine.runner.choosers[SamplingMode.GREEDY]
+    plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    calls = _counting_steps(llm)
+    profiled = dict(chooser.costs)
+    llm.generate(prompts[:4], [plain] * 4)
+    assert calls["captured"] > 5 and chooser.costs != profiled
+
+    def failing(key, memory_pool=None):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    llm.engine.runner.decode_step.capture = failing
+    calls["captured"] = 0
+    replayed = dict(chooser.costs)
+    llm.generate(prompts[:4], [plain.replace(logprobs=i % 2 or None) for i in range(4)])
+    assert calls["captured"] == 0 and calls["eager"] > 5
+    assert chooser.costs == replayed
 
 
 @DRAFTERS
