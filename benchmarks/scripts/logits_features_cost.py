@@ -6,7 +6,7 @@ every step with logits features ran before 2026-12-07) and captured on first use
 and writes it as JSON.
 
     PYTHONPATH=. python benchmarks/scripts/logits_features_cost.py OUT.json [--tiny] [--batches 8 32]
-        [--max-tokens 64] [--repeats 2] [--workdir .e2e]
+        [--max-tokens 64] [--repeats 2] [--workdir .e2e] [--methods none eagle3]
 """
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2, help="timed runs a row (the median kept)")
     ap.add_argument("--workdir", type=Path, default=Path(".e2e"))
+    ap.add_argument("--methods", nargs="+", choices=("none", "eagle3"), default=["none", "eagle3"])
     args = ap.parse_args()
     device, dtype = bench_device()
     models = widened_zoo(args.workdir, "llama", args.tiny, getattr(torch, dtype))
     specs = drafters(models)
     prompts = json.loads((zoo_dir() / "eval_prompts.json").read_text())["prompts"]
     rows = []
-    for method in ("none", "eagle3"):
+    for method in args.methods:
         llm = target_llm(
             models, "llama", specs[method], args.tiny, device=device, dtype=dtype,
             max_num_seqs=max(args.batches),

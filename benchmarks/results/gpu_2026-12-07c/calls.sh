@@ -6,6 +6,8 @@
 # GPU test (tokens and log-probabilities equal with it off, every fused attention path),
 # then decode_settings.py's l2_prefetch sweeps (on against off, batch 1 / 8 / 32 over 512 cached tokens). Under 590 s.
 # ARG: l2-parts: decode_settings.py l2_prefetch_parts_llama (why call 2's prefetch lost at Llama-8B's batch 1 and 8).
+# ARG: features-eagle3 (carry the server's wheels: gpu_2026-12-07/calls.sh): logits_features_cost.py's adaptive EAGLE3
+# rows again after b59d8ee (an eager step of a captured bucket no longer times its shape for the chooser).
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
@@ -40,5 +42,13 @@ l2-parts)
   sed -i -E 's/\r/\n/g' $OUT/l2_parts.log
   sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/l2_parts.log
   grep -vE "^  " $OUT/l2_parts.log | tail -8
+  ;;
+features-eagle3)
+  timeout 500 python3 benchmarks/scripts/logits_features_cost.py $OUT/features_cost_eagle3.json --methods eagle3 \
+    --workdir /tmp/e2e_llama > $OUT/features_cost_eagle3.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/features_cost_eagle3.log
+  sed -i -E 's/\r/\n/g' $OUT/features_cost_eagle3.log
+  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/features_cost_eagle3.log
+  tail -10 $OUT/features_cost_eagle3.log
   ;;
 esac
