@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from outpace.server.tool_calls import KIMI_SECTION, KIMI_SECTION_SINGULAR
+
 
 @dataclass(frozen=True)
 class ThinkingFormat:
@@ -90,7 +92,9 @@ class ThinkingFormat:
         return longest
 
 
-_KIMI_TOOL_SECTION = "<|tool_calls_section_begin|>"  # vllm/reasoning/kimi_k2_reasoning_parser.py
+# where Kimi-K2's tool-call section opens (vllm/reasoning/kimi_k2_reasoning_parser.py: the plural spelling; the
+# singular too here, which the tool-call parser also reads: server/tool_calls.py ``_KimiK2``)
+_KIMI_TOOL_SECTIONS = (KIMI_SECTION[0], KIMI_SECTION_SINGULAR[0])
 REASONING_FORMATS = {
     f.name: f
     for f in (
@@ -98,7 +102,7 @@ REASONING_FORMATS = {
         ThinkingFormat("deepseek_v3"),
         ThinkingFormat("qwen3"),
         ThinkingFormat("nemotron_v3"),
-        ThinkingFormat("kimi_k2", implicit_ends=(_KIMI_TOOL_SECTION,)),
+        ThinkingFormat("kimi_k2", implicit_ends=_KIMI_TOOL_SECTIONS),
         ThinkingFormat("step3p5", trim_newlines=True),
         # Gemma 4: "<|channel>thought\n...<channel|>", ended early by a tool call
         # (vllm/reasoning/gemma4_reasoning_parser.py; its "thought\n" label is read here as part of the start)

@@ -39,6 +39,10 @@ class _Malformed(Exception):
     """The text where a call should be is not one."""
 
 
+# Kimi-K2's tool-call section markers, plural and singular (``_KimiK2``; server/reasoning.py ends a thinking block at
+# either opener)
+KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>")
+KIMI_SECTION_SINGULAR = ("<|tool_call_section_begin|>", "<|tool_call_section_end|>")
 _WS = re.compile(r"\s*")
 _NAME = re.compile(r"[^\s{}<>\"']+")
 _DECODER = json.JSONDecoder()
@@ -118,25 +122,42 @@ def _delimited(
     raise _Malformed
 
 
-def _partial(text: str, marker: str) -> int:
-    """The length of the longest end of ``text`` that begins ``marker`` (it may yet become the marker)."""
-    for k in range(min(len(text), len(marker) - 1), 0, -1):
-        if text.endswith(marker[:k]):
+def _partial(text: str, markers: tuple[str, ...]) -> int:
+    """The length of the longest end of ``text`` that begins one of ``markers`` (it may yet become that marker)."""
+    longest = max(map(len, markers)) - 1
+    for k in range(min(len(text), longest), 0, -1):
+        if any(text.endswith(m[:k]) for m in markers if k < len(m)):
             return k
     return 0
+
+
+def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str]:
+    """Where the first of ``markers`` in ``text`` begins (-1: none), and which (at one place, the longest)."""
+    found = [(i, -len(m), m) for m in markers if (i := text.find(m)) >= 0]
+    return (min(found)[0], min(found)[2]) if found else (-1, "")
 
 
 class ToolCallFormat:
     """A family's layout of tool calls: ``start`` opens a section, ``separator`` comes before each call after
     the first ("": calls follow one another), ``end`` closes the section ("": it has no closer);
-    ``bare_start``: a character that also opens a section where the output begins with it (it belongs to the
-    first call). Subclasses read one call (``_call``)."""
+    ``other_spellings``: more markers that open or close a section as ``start`` or ``end`` do (any opener with
+    any closer); ``bare_start``: a character that also opens a section where the output begins with it (it
+    belongs to the first call). Subclasses read one call (``_call``)."""
 
     name: str
     start: str
     separator = ""
     end = ""
+    other_spellings: tuple[tuple[str, str], ...] = ()  # (opener, closer)
     bare_start = ""
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        return (self.start, *(opener for opener, _ in self.other_spellings))
+
+    @property
+    def ends(self) -> tuple[str, ...]:
+        return (self.end, *(closer for _, closer in self.other_spellings)) if self.end else ()
 
     def parse(self, text: str, tools: list[dict] | None) -> tuple[str, list[ToolCall]]:
         """Whole output -> (content outside the tool-call section(s), calls); text that does not parse as calls
@@ -297,11 +318,14 @@ class _DeepSeekV31(_DeepSeek):
 
 class _KimiK2(_Marked):
     """Kimi-K2: ``<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|>`` in
-    ``<|tool_calls_section_begin|>...<|tool_calls_section_end|>``; the call's id is ``functions.NAME:IDX``, its
-    name what follows the last dot before the colon. Source: vllm/tool_parsers/kimi_k2_tool_parser.py."""
+    ``<|tool_calls_section_begin|>...<|tool_calls_section_end|>``, or the section markers' singular spellings
+    (``<|tool_call_section_begin|>``, ``..._end|>``: the K2 report's template; vLLM's parser reads both); the call's
+    id is ``functions.NAME:IDX``, its name what follows the last dot before the colon. Source:
+    vllm/tool_parsers/kimi_k2_tool_parser.py (``_SECTION_BEGIN_VARIANTS``, ``_SECTION_END_VARIANTS``)."""
 
     name = "kimi_k2"
-    start, end = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+    start, end = KIMI_SECTION
+    other_spellings = (KIMI_SECTION_SINGULAR,)
     call_begin, call_end = "<|tool_call_begin|>", "<|tool_call_end|>"
     _BODY = re.compile(
         r"\s*(?P<id>[^<]+:\d+)\s*<\|tool_call_argument_begin\|>(?P<arguments>.*)", re.S
@@ -536,11 +560,11 @@ class ToolCallStream:
                 if text.startswith(fmt.bare_start):
                     self.mode, self.call_at = _CALL, 0
                     return True
-            i = text.find(fmt.start)
+            i, opener = _first(text, fmt.starts)
             if i >= 0:
-                self.mode, self.call_at = _CALL, len(fmt.start)
+                self.mode, self.call_at = _CALL, len(opener)
             else:
-                i = len(text) - (0 if final else _partial(text, fmt.start))
+                i = len(text) - (0 if final else _partial(text, fmt.starts))
             content.append(text[:i])
             self.text = text[i:]
             return self.mode == _CALL
@@ -559,15 +583,16 @@ class ToolCallStream:
         if self.mode == _NEXT:
             pos = _WS.match(text).end()
             rest = text[pos:]
-            if fmt.end and rest.startswith(fmt.end):
-                self.text, self.mode = rest[len(fmt.end) :], _CONTENT
+            closer = next((m for m in fmt.ends if rest.startswith(m)), None)
+            if closer is not None:
+                self.text, self.mode = rest[len(closer) :], _CONTENT
             elif not rest:
                 if final:
                     self.text = ""
                 return False
             elif fmt.separator and rest.startswith(fmt.separator):
                 self.mode, self.call_at = _CALL, pos + len(fmt.separator)
-            elif not final and (fmt.separator.startswith(rest) or fmt.end.startswith(rest)):
+            elif not final and any(m.startswith(rest) for m in (fmt.separator, *fmt.ends) if m):
                 return False
             elif not fmt.separator:
                 self.mode, self.call_at = _CALL, pos

@@ -41,6 +41,11 @@ def test_kimi_k2_thinking_ends_where_a_tool_call_section_begins():
         "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0",
     )
     assert QWEN3.split(text, False) == (text.removeprefix("<think>"), None)
+    singular = text.replace("tool_calls_section", "tool_call_section")  # (the K2 report's spelling)
+    assert kimi.split(singular, False) == (
+        "look it up",
+        "<|tool_call_section_begin|><|tool_call_begin|>functions.f:0",
+    )
 
 
 def test_step3p5_drops_one_newline_on_each_side_of_the_end():

@@ -361,6 +361,26 @@ def test_kimi_k2_ids_are_the_models():
     )
 
 
+def test_kimi_k2_reads_the_singular_section_markers_too():
+    """The K2 report's template spells the section markers ``<|tool_call_section_begin|>`` / ``..._end|>`` (vLLM's
+    parser reads both spellings): the same calls, whole and however the text streams, and either closer ends a
+    section."""
+    plural = "Sure." + tool_text("kimi_k2", WEATHER, TIME) + " Done."
+    singular = plural.replace("tool_calls_section", "tool_call_section")
+    mixed = plural.replace("tool_calls_section_begin", "tool_call_section_begin")
+    want = ("Sure. Done.", expected("kimi_k2", WEATHER, TIME))
+    rng = random.Random(7)
+    for text in (plural, singular, mixed):
+        assert parse("kimi_k2", text) == want, text
+        assert streamed("kimi_k2", list(text) + [""]) == want, text
+        for _ in range(30):
+            assert streamed("kimi_k2", split(text, rng)) == want, text
+    # a tail that may begin either opener is held back until it cannot
+    stream = ToolCallStream(tool_call_format("kimi_k2"), TOOLS)
+    assert stream.feed("Hi <|tool_call_sec", False) == ("Hi ", [])
+    assert stream.feed("ond", False) == ("<|tool_call_second", [])
+
+
 def test_mistral_json_list_and_name_without_args_token():
     calls = [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time"}]
     text = "Sure. [TOOL_CALLS] " + dumps(calls)
