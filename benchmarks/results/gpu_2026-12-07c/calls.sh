@@ -8,6 +8,8 @@
 # ARG: l2-parts: decode_settings.py l2_prefetch_parts_llama (why call 2's prefetch lost at Llama-8B's batch 1 and 8).
 # ARG: features-eagle3 (carry the server's wheels: gpu_2026-12-07/calls.sh): logits_features_cost.py's adaptive EAGLE3
 # rows again after b59d8ee (an eager step of a captured bucket no longer times its shape for the chooser).
+# ARG: verify (wheels carried): this session's runner change on CUDA: tests/gpu/test_gpu.py (the captured steps of every
+# drafter, first-use captures, grammar steps) and test_cuda_graphs.py's chooser-cost and first-use tests. Under 320 s.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
@@ -50,5 +52,13 @@ features-eagle3)
   sed -i -E 's/\r/\n/g' $OUT/features_cost_eagle3.log
   sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/features_cost_eagle3.log
   tail -10 $OUT/features_cost_eagle3.log
+  ;;
+verify)
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/gpu/test_gpu.py \
+    > $OUT/gpu_tests.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/gpu_tests.log
+  timeout $(( 315 - SECONDS )) python3 -m pytest -q -p no:cacheprovider -n 4 tests/engine/test_cuda_graphs.py \
+    -k "eager_steps_of or logits_features or grammar_steps" > $OUT/cuda_graphs_tests.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/cuda_graphs_tests.log
   ;;
 esac
