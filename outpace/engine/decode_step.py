@@ -70,8 +70,8 @@ class StepRows(NamedTuple):
     )  # per committed token: (logprob, rank, top ids, top logprobs)
 
 
-# The host's part of a grammar step: the draft trees -> each row's token bitmask at every node, on the
-# device ([b, num_nodes, words] int32).
+# The host's part of a grammar step: the draft trees -> each row's token bitmask at every node, written into
+# ``DecodeStep.grammar_masks[:b, :num_nodes]`` ([b, num_nodes, words] int32) and returned.
 TokenMasks = Callable[[Drafts], torch.Tensor]
 
 
@@ -397,8 +397,7 @@ class MaskedStepCall:
     def replay(self, token_masks: TokenMasks) -> torch.Tensor:
         self.replays += 1
         self.forwarded = self.front.replay()
-        b, n = self.key.bucket, self.key.shape.num_nodes
-        self.step.grammar_masks[:b, :n].copy_(token_masks(self.forwarded.drafts))
+        token_masks(self.forwarded.drafts)  # (into the grammar_masks the second part reads)
         return self.back.replay()
 
     def release(self) -> None:

@@ -198,7 +198,9 @@ class PrefillStep:
             positions = to_device([[r.num_tokens] for r in reqs], self.device)  # [n, 1]
             logits = self.req_table.penalties(rows).apply(logits[:, None, :], positions)[:, 0]
         if features.grammar:
-            masks = self.grammars.next_token_masks(reqs, len(reqs)).to(self.device)  # [n, 1, words]
+            words = self.grammars.mask_words
+            masks = torch.empty(len(reqs), 1, words, dtype=torch.int32, device=self.device)
+            self.grammars.next_token_masks(reqs, masks)  # [n, 1, words]
             logits = apply_token_bitmask(logits, masks[:, 0])
         if all(is_greedy(r.params) for r in reqs):
             tokens = logits.argmax(dim=-1)

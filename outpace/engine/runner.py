@@ -463,14 +463,14 @@ class ModelRunner:
     def _write_node_masks(self, reqs: list[Request], bucket: int) -> None:
         """Before a zero-draft step with a grammar: each row's bitmask after its committed tokens (padding
         rows: none) into ``DecodeStep.grammar_masks``, which the step reads, captured or not."""
-        masks = self.grammars.next_token_masks(reqs, bucket)  # [bucket, 1, words]
-        self.decode_step.grammar_masks[:bucket, :1].copy_(masks, non_blocking=True)
+        self.grammars.next_token_masks(reqs, self.decode_step.grammar_masks[:bucket, :1])
 
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
-        """The host's part of a grammar step: each row's bitmask at every draft node ([b, n, words] on the
-        device), from its grammar state after the committed tokens."""
-        masks = self.grammars.tree_masks(reqs, drafts.token_ids.cpu(), drafts.parents.cpu())
-        return masks.to(self.device, non_blocking=True)
+        """The host's part of a grammar step (``TokenMasks``): each row's bitmask at every draft node, from its
+        grammar state after the committed tokens, written into ``DecodeStep.grammar_masks`` [b, n, words]."""
+        tokens, parents = drafts.token_ids.cpu(), drafts.parents.cpu()  # [b, n]
+        out = self.decode_step.grammar_masks[: tokens.shape[0], : tokens.shape[1]]
+        return self.grammars.tree_masks(reqs, tokens, parents, out)
 
     def _advance_grammars(self, batch: list[ScheduledRequest], results: StepResults) -> None:
         """Each constrained request's grammar accepts the tokens its step committed."""

@@ -148,6 +148,42 @@ def test_greedy_constrained_output_equals_plain(drafter):
     assert [o.text for o in _llm(drafter).generate(prompts, params)] == plain
 
 
+def test_a_batchs_masks_build_only_its_constrained_rows():
+    """``GrammarTable.tree_masks`` writes every row of its output: a constrained row its grammar's masks, any other
+    row (unconstrained, padding) every token allowed, whatever the buffer held before (a row of the step before
+    may have been constrained); only the constrained rows' masks are built on the host."""
+    from transformers import AutoTokenizer
+
+    from outpace.request import Request
+    from outpace.structured.table import GrammarTable
+
+    tok = AutoTokenizer.from_pretrained(ZOO + "tinypy")
+    table = GrammarTable(GrammarCompiler(tok, 4096, [0]))
+    constraint = StructuredOutputsParams(regex="ab(c|d)e")
+    reqs = [
+        Request("free", [1], SamplingParams()),
+        Request("regex", [1], SamplingParams(structured_outputs=constraint)),
+    ]
+    a, b = tok.convert_tokens_to_ids("a"), tok.convert_tokens_to_ids("b")
+    tokens, parents = (
+        torch.tensor([[a, b]] * 3),
+        torch.tensor([[-1, 0]] * 3),
+    )  # rows: free, regex, padding
+    out = torch.zeros(3, 2, table.mask_words, dtype=torch.int32)
+    built = []
+    fill = type(table.get(reqs[1])).fill_tree
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            type(table.get(reqs[1])), "fill_tree", lambda g, *a: built.append(1) or fill(g, *a)
+        )
+        assert table.tree_masks(reqs, tokens, parents, out) is out
+    want = torch.full((2, table.mask_words), -1, dtype=torch.int32)
+    table.get(reqs[1]).fill_tree([a, b], [-1, 0], want)
+    assert built == [1]
+    assert torch.equal(out[1], want) and not torch.equal(want, torch.full_like(want, -1))
+    assert (out[0] == -1).all() and (out[2] == -1).all()
+
+
 def test_draft_leaving_the_grammar_is_rejected_there_and_state_rolls_back():
     from transformers import AutoTokenizer
 
