@@ -10,6 +10,8 @@
 # rows again after b59d8ee (an eager step of a captured bucket no longer times its shape for the chooser).
 # ARG: verify (wheels carried): this session's runner change on CUDA: tests/gpu/test_gpu.py (the captured steps of every
 # drafter, first-use captures, grammar steps) and test_cuda_graphs.py's chooser-cost and first-use tests. Under 320 s.
+# ARG: grammar (wheels carried): the GPU tests of grammar steps after 535aaef (masks built for the constrained rows
+# only, written into the buffer the captured steps read). Under 110 s.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
@@ -60,5 +62,10 @@ verify)
   timeout $(( 315 - SECONDS )) python3 -m pytest -q -p no:cacheprovider -n 4 tests/engine/test_cuda_graphs.py \
     -k "eager_steps_of or logits_features or grammar_steps" > $OUT/cuda_graphs_tests.log 2>&1
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/cuda_graphs_tests.log
+  ;;
+grammar)
+  timeout 105 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_gpu.py -k grammar \
+    > $OUT/grammar_tests.log 2>&1
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/grammar_tests.log
   ;;
 esac
