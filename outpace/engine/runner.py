@@ -141,6 +141,8 @@ class ModelRunner:
         self._kinds: dict[tuple[SamplingMode, LogitsFeatures], SamplingParams] = {}
         # a set of kinds (their params' ids) -> the mode and features of a step of requests of those kinds
         self._step_kinds: dict[frozenset[int], tuple[SamplingMode, LogitsFeatures]] = {}
+        # requests whose kind counts their min_tokens, and how many output tokens end it (``_step_kind``)
+        self._min_tokens_ahead: dict[str, int] = {}
 
     @property
     def has_recurrent_state(self) -> bool:
@@ -295,6 +297,7 @@ class ModelRunner:
             self._free_retired(wait=True)
         self.holds.forget(request_id)
         self._kind_of.pop(request_id, None)
+        self._min_tokens_ahead.pop(request_id, None)
         if self.grammars is not None:
             self.grammars.release(request_id)
         for chooser in self.choosers.values():
@@ -445,13 +448,25 @@ class ModelRunner:
         self, reqs: list[Request], ids: tuple[str, ...]
     ) -> tuple[SamplingMode, LogitsFeatures]:
         """The step's SamplingMode and LogitsFeatures, which depend only on the set of its requests' kinds (each
-        request's kind found at its first decode step; each set's mode and features once)."""
+        request's kind found at its first decode step; each set's mode and features once). A request with
+        ``min_tokens`` changes kind once its output holds them: the stop ids' mask has no position left to hold,
+        so its params without them give its kind, and a batch of it no longer processes its logits for it (before,
+        every step of its batch did for the request's whole life)."""
+        if self._min_tokens_ahead:
+            for r in reqs:
+                if r.num_output_tokens >= self._min_tokens_ahead.get(r.request_id, 1 << 62):
+                    del self._min_tokens_ahead[r.request_id], self._kind_of[r.request_id]
         kinds = list(map(self._kind_of.get, ids))
         if None in kinds:
             for r in reqs:
                 if r.request_id not in self._kind_of:
-                    kind = (SamplingMode.of([r.params]), LogitsFeatures.of([r.params]))
-                    self._kind_of[r.request_id] = self._kinds.setdefault(kind, r.params)
+                    params = r.params
+                    if params.min_tokens > r.num_output_tokens:
+                        self._min_tokens_ahead[r.request_id] = params.min_tokens
+                    elif params.min_tokens:
+                        params = params.replace(min_tokens=0)
+                    kind = (SamplingMode.of([params]), LogitsFeatures.of([params]))
+                    self._kind_of[r.request_id] = self._kinds.setdefault(kind, params)
             kinds = list(map(self._kind_of.__getitem__, ids))
         distinct = frozenset(map(id, kinds))  # (the kinds' params live in _kinds for good)
         step = self._step_kinds.get(distinct)

@@ -71,6 +71,24 @@ def test_min_tokens_output_equal_with_and_without_speculation(plain_llm, unbound
     assert [o.token_ids for o in outs] == want
 
 
+def test_min_tokens_changes_a_steps_kind_only_while_it_holds():
+    """A request with min_tokens (and no other logits processing) makes its batch's steps process the logits only
+    until its output holds them; its tokens are those it gets without min_tokens where no stop id came early."""
+    llm = zoo_llm()
+    run, penalized = llm.engine.runner.decode_step.run, []
+    llm.engine.runner.decode_step.run = lambda key, *a: (
+        penalized.append(key.features.penalties) or run(key, *a)
+    )
+    free = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = [o.token_ids for o in llm.generate(PROMPTS, free)]
+    penalized.clear()
+    outs = llm.generate(PROMPTS, free.replace(ignore_eos=False, min_tokens=4))
+    assert [o.token_ids for o in outs] == [t[: len(o.token_ids)] for t, o in zip(want, outs)]
+    assert all(len(o.token_ids) > 4 for o in outs)
+    # the prefill samples output token 1: the steps sampling tokens 2 to 4 hold min_tokens, the rest do not
+    assert penalized[:3] == [True] * 3 and not any(penalized[4:]), penalized
+
+
 def test_stop_strings_count_past_min_tokens_and_may_stay_in_the_text(plain_llm):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     out = plain_llm.generate(PROMPTS[0], params)[0]
