@@ -134,7 +134,10 @@ def _partial(text: str, markers: tuple[str, ...]) -> int:
 def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str]:
     """Where the first of ``markers`` in ``text`` begins (-1: none), and which (at one place, the longest)."""
     found = [(i, -len(m), m) for m in markers if (i := text.find(m)) >= 0]
-    return (min(found)[0], min(found)[2]) if found else (-1, "")
+    if not found:
+        return -1, ""
+    at, _, marker = min(found)
+    return at, marker
 
 
 class ToolCallFormat:
