@@ -1,7 +1,9 @@
 """The code around CUDA graphs: the decode iteration captured per (bucket, draft shape, greedy),
 padding to batch buckets, request state across batch changes, run-ahead. On the CPU a "replay" re-runs
 the captured step eagerly over the same static buffers, so everything but the capture itself is
-checked here, for every drafter; the GPU tests (tests/gpu/test_gpu.py) check the captured graphs."""
+checked here, for every drafter, to the bit; the GPU tests (tests/gpu/test_gpu.py) check the captured graphs.
+Every engine here is a CPU one, also on a machine with a GPU (``_llm``): there a graph and an eager step round
+apart, and this file's log-probabilities equal to the bit would not hold (gpu_2026-12-07c call 6)."""
 
 import json
 import re
@@ -24,12 +26,16 @@ CHAINS = pytest.mark.parametrize("spec", [EAGLE3, DFLASH], ids=["eagle3", "dflas
 
 def _prompts(n: int) -> list[list[int]]:
     prompts = json.loads(Path("zoo/eval_prompts.json").read_text())["prompts"]
-    tok = LLM(ZOO).tokenizer
+    tok = _llm(ZOO).tokenizer
     return [tok.encode(p)[-40:] for p in prompts[:n]]
 
 
+def _llm(model: str, **kw) -> LLM:
+    return LLM(model, device="cpu", **kw)
+
+
 def _graphed(spec: SpeculativeConfig | None, max_num_seqs: int = 4, **kw) -> LLM:
-    llm = LLM(ZOO, max_num_seqs=max_num_seqs, speculative=spec or SpeculativeConfig(), **kw)
+    llm = _llm(ZOO, max_num_seqs=max_num_seqs, speculative=spec or SpeculativeConfig(), **kw)
     llm.engine.capture_graphs()
     return llm
 
@@ -49,7 +55,7 @@ def prompts():
 @pytest.fixture(scope="module")
 def reference(prompts):
     """Greedy outputs without speculation or graphs, with ragged lengths so the batch changes."""
-    llm = LLM(ZOO, max_num_seqs=4)
+    llm = _llm(ZOO, max_num_seqs=4)
     params = [
         SamplingParams(temperature=0, max_tokens=12 + 5 * i, ignore_eos=True)
         for i in range(len(prompts))
@@ -94,7 +100,7 @@ def test_run_ahead_decode_is_lossless_across_stops_joins_and_preemption(prompts)
     """Greedy decode run ahead: requests stop on a stop token and by length, join mid-run and are
     preempted (a pool too small for the batch); every output equals eager decoding and every block
     returns to the pool."""
-    eager = LLM(ZOO, max_num_seqs=4)
+    eager = _llm(ZOO, max_num_seqs=4)
     free_run = eager.generate(
         prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     )
@@ -256,7 +262,7 @@ def test_steps_with_logits_features_are_captured_on_first_use(prompts, spec):
     params[2] = params[2].replace(repetition_penalty=1.3, logprobs=2)
     params[3] = params[3].replace(temperature=0.8, seed=3, logit_bias={5: 2.0}, min_tokens=4)
     params[5] = params[5].replace(logprobs=0)
-    expected = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts, params)
+    expected = _llm(ZOO, max_num_seqs=4, speculative=spec).generate(prompts, params)
     llm = _graphed(spec)
     calls = _counting_steps(llm)
     outs = llm.generate(prompts, params)
@@ -292,7 +298,7 @@ def test_grammar_steps_are_captured(prompts, spec, caplog):
         params[i] = params[i].replace(
             ignore_eos=False, structured_outputs=StructuredOutputsParams(**constraint)
         )
-    expected = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:4], params)
+    expected = _llm(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:4], params)
     llm = _graphed(spec)
     iteration, drafts = llm.engine.runner.decode_step, {True: set(), False: set()}
     run = iteration.run
@@ -322,7 +328,7 @@ def test_a_late_capture_out_of_memory_leaves_the_key_eager(prompts, caplog):
         SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=i % 2 or None)
         for i in range(4)
     ]
-    expected = LLM(ZOO, max_num_seqs=4).generate(prompts[:4], params)
+    expected = _llm(ZOO, max_num_seqs=4).generate(prompts[:4], params)
     llm = _graphed(None)
     iteration, tries = llm.engine.runner.decode_step, []
 
@@ -407,7 +413,7 @@ def test_captured_and_eager_steps_agree_token_for_token(prompts, spec, temperatu
         SamplingParams(temperature=temperature, max_tokens=20, seed=i, ignore_eos=True)
         for i in range(3)
     ]
-    eager = LLM(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:3], params)
+    eager = _llm(ZOO, max_num_seqs=4, speculative=spec).generate(prompts[:3], params)
     graphed = _graphed(spec).generate(prompts[:3], params)
     for a, b in zip(eager, graphed):
         assert a.token_ids == b.token_ids
@@ -419,7 +425,7 @@ def test_eagle3_padded_pending_rows_are_never_read(prompts):
     (garbage here) must not change any draft. (Finite garbage: the torch backend multiplies masked
     rows' values by a zero weight, which a NaN would survive; a real padded row is always finite.)"""
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    eager = LLM(ZOO, max_num_seqs=4, speculative=EAGLE3).generate(prompts[:3], params)
+    eager = _llm(ZOO, max_num_seqs=4, speculative=EAGLE3).generate(prompts[:3], params)
     llm = _graphed(EAGLE3)
     proposer = llm.engine.proposer
     draft = proposer.draft
@@ -445,7 +451,7 @@ def test_captured_iteration_survives_preemption(prompts, reference, spec):
     """A pool too small for the batch: requests are preempted while their state lives in their indices,
     recomputed by a prefill, and rejoin; output and block accounting stay exact."""
     params, expected = reference
-    llm = LLM(ZOO, max_num_seqs=4, num_kv_blocks=14, max_num_batched_tokens=64, speculative=spec)
+    llm = _llm(ZOO, max_num_seqs=4, num_kv_blocks=14, max_num_batched_tokens=64, speculative=spec)
     llm.engine.capture_graphs()
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
@@ -487,9 +493,9 @@ def test_a_request_the_token_budget_leaves_out_gets_its_state_back(target, tmp_p
         draft = str(make_eagle3_draft(path, tmp_path / "eagle3"))
     prompts = [[3, 17, 99, 100, 8, 42, 7], [5, 9], [(i * 7) % 131 for i in range(40)]]
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    expected = [o.token_ids for o in LLM(path, block_size=16).generate(prompts, params)]
+    expected = [o.token_ids for o in _llm(path, block_size=16).generate(prompts, params)]
     tree = SpeculativeConfig("eagle3", draft, num_steps=3, topk=2, num_draft_tokens=6)
-    llm = LLM(path, speculative=tree, block_size=16, max_num_batched_tokens=16)
+    llm = _llm(path, speculative=tree, block_size=16, max_num_batched_tokens=16)
     llm.engine.capture_graphs()
     taken = _count_partial_takes(llm)
     assert [o.token_ids for o in llm.generate(prompts, params)] == expected
