@@ -16,6 +16,11 @@ set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
+ended() {  # a script's log: its exit status and time appended, progress bars' carriage returns and rates dropped
+  echo "rc=$? after ${SECONDS}s" >> $1
+  sed -i -E 's/\r/\n/g' $1
+  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $1
+}
 case "$1" in
 fix-and-kimi)
   timeout 200 python3 -m pytest -q -p no:cacheprovider -n 3 -m gpu tests/gpu/test_batch_invariant_hybrids_gpu.py \
@@ -23,9 +28,7 @@ fix-and-kimi)
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/bi_hybrids.log
   timeout $(( 585 - SECONDS )) python3 benchmarks/scripts/batch_invariant_speed.py --shapes kimi-k2-slice --layers 2 \
     --contexts 512 --out $OUT/kimi_invariant_2layers.json > $OUT/kimi_invariant_2layers.log 2>&1
-  echo "rc=$? after ${SECONDS}s" >> $OUT/kimi_invariant_2layers.log
-  sed -i -E 's/\r/\n/g' $OUT/kimi_invariant_2layers.log
-  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/kimi_invariant_2layers.log
+  ended $OUT/kimi_invariant_2layers.log
   tail -12 $OUT/kimi_invariant_2layers.log
   ;;
 l2)
@@ -34,25 +37,19 @@ l2)
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)" $OUT/l2_tests.log
   timeout $(( 585 - SECONDS )) python3 benchmarks/scripts/decode_settings.py $OUT/l2 l2_prefetch_llama \
     l2_prefetch_v2 l2_prefetch_qwen35 l2_prefetch_gemma3 > $OUT/l2_sweeps.log 2>&1
-  echo "rc=$? after ${SECONDS}s" >> $OUT/l2_sweeps.log
-  sed -i -E 's/\r/\n/g' $OUT/l2_sweeps.log
-  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/l2_sweeps.log
+  ended $OUT/l2_sweeps.log
   grep -E "step ms|shipped|l2_prefetch|rc=|Error" $OUT/l2_sweeps.log | grep -v "^  " | tail -30
   ;;
 l2-parts)
   timeout 400 python3 benchmarks/scripts/decode_settings.py $OUT/l2_parts.json l2_prefetch_parts_llama \
     > $OUT/l2_parts.log 2>&1
-  echo "rc=$? after ${SECONDS}s" >> $OUT/l2_parts.log
-  sed -i -E 's/\r/\n/g' $OUT/l2_parts.log
-  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/l2_parts.log
+  ended $OUT/l2_parts.log
   grep -vE "^  " $OUT/l2_parts.log | tail -8
   ;;
 features-eagle3)
   timeout 500 python3 benchmarks/scripts/logits_features_cost.py $OUT/features_cost_eagle3.json --methods eagle3 \
     --workdir /tmp/e2e_llama > $OUT/features_cost_eagle3.log 2>&1
-  echo "rc=$? after ${SECONDS}s" >> $OUT/features_cost_eagle3.log
-  sed -i -E 's/\r/\n/g' $OUT/features_cost_eagle3.log
-  sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' $OUT/features_cost_eagle3.log
+  ended $OUT/features_cost_eagle3.log
   tail -10 $OUT/features_cost_eagle3.log
   ;;
 verify)
