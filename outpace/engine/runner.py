@@ -454,7 +454,8 @@ class ModelRunner:
         every step of its batch did for the request's whole life)."""
         if self._min_tokens_ahead:
             for r in reqs:
-                if r.num_output_tokens >= self._min_tokens_ahead.get(r.request_id, 1 << 62):
+                held = self._min_tokens_ahead.get(r.request_id)
+                if held is not None and r.num_output_tokens >= held:
                     del self._min_tokens_ahead[r.request_id], self._kind_of[r.request_id]
         kinds = list(map(self._kind_of.get, ids))
         if None in kinds:
