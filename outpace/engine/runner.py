@@ -484,9 +484,8 @@ class ModelRunner:
     def _grammar_masks(self, reqs: list[Request], drafts: Drafts) -> torch.Tensor:
         """The host's part of a grammar step (``TokenMasks``): each row's bitmask at every draft node, from its
         grammar state after the committed tokens, written into ``DecodeStep.grammar_masks`` [b, n, words]."""
-        tokens, parents = torch.stack(
-            [drafts.token_ids, drafts.parents]
-        ).cpu()  # [b, n] each: one read
+        read = torch.stack([drafts.token_ids, drafts.parents]).cpu()  # [2, b, n]: one read back
+        tokens, parents = read
         out = self.decode_step.grammar_masks[: tokens.shape[0], : tokens.shape[1]]
         return self.grammars.tree_masks(reqs, tokens, parents, out)
 
