@@ -175,8 +175,8 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] | None = None
     # Captured decode steps (any drafter, any sampling) launch the next step before the host has read
     # the current step's tokens (its inputs are the slot state on the device), so the host's
-    # scheduling overlaps the GPU's forward: engine/run_ahead.py (not a step whose batch holds more recurrent
-    # state than ``MAX_SAVED_BYTES``, which it would save first).
+    # scheduling overlaps the GPU's forward: engine/run_ahead.py (a hybrid's too, at any batch: its recurrent
+    # state is not saved; the engine keeps the requests the step ran for in the next batch instead).
     run_ahead: bool = True
     # Deterministic mode: batch-invariant projections (layers/linear.py) and attention (the Triton
     # backend's invariant variant) on CUDA, so a verify forward and a decode step give each row the

@@ -79,7 +79,7 @@ class RecurrentStates:
 
     @property
     def state_bytes_per_request(self) -> int:
-        """A request's states without their snapshot rows (what a step run ahead saves)."""
+        """A request's states without their snapshot rows."""
         return sum(t[0].numel() * t.element_size() for t in self._states)
 
     @property

@@ -341,12 +341,14 @@ class DecodeStep:
             logits = apply_token_bitmask(logits, masks)
         return logits
 
-    def state_buffers(self, key: StepKey) -> list[torch.Tensor]:
-        """Every per-request buffer a step of this key advances (each indexed by request row first)."""
+    def state_buffers(self, key: StepKey, recurrent: bool = True) -> list[torch.Tensor]:
+        """Every per-request buffer a step of this key advances (each indexed by request row first); without a
+        hybrid target's recurrent state where not ``recurrent`` (what a step run ahead saves: engine/run_ahead.py)."""
         table = self.req_table
         counts = [table.output_counts] if key.features.penalties else []
         drafter = self.proposer.state() if self.proposer is not None else []
-        return [table.lengths, table.last_tokens] + self.states.tensors() + counts + drafter
+        states = self.states.tensors() if recurrent else []
+        return [table.lengths, table.last_tokens] + states + counts + drafter
 
     @staticmethod
     def unpack(host: list[int], key: StepKey, n: int) -> StepRows:

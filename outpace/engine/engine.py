@@ -30,7 +30,7 @@ from outpace.distributed.lockstep import Lockstep, requests_of
 from outpace.engine.cuda_graphs import batch_buckets
 from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.runner import ModelRunner
-from outpace.engine.scheduler import Scheduler
+from outpace.engine.scheduler import ScheduledRequest, Scheduler, is_decoding
 from outpace.engine.start_up import (
     build_choosers,
     build_proposer,
@@ -373,7 +373,7 @@ class LLMEngine:
             raise RuntimeError(f"the engine stopped: {self._failure}") from self._failure
         if self.ranks.closed:
             raise RuntimeError("the engine was closed")
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         failed = [self._failed_output(req) for req in self._take_failed()]
         if self.lockstep is None:
             return failed + self._run(batch)
@@ -396,10 +396,24 @@ class LLMEngine:
         while (message := self.lockstep.receive()) is not None:
             for op, arg in requests_of(message):
                 self.submit(arg) if op == "add" else self.abort_request(arg)
-            batch = self.scheduler.schedule()
+            batch = self._schedule()
             self.lockstep.check(batch, message)
             self._run(batch)
         self.close()
+
+    def _schedule(self) -> list[ScheduledRequest]:
+        """The scheduler's next batch; for a hybrid target with a step run ahead, made to decode exactly the
+        running requests that step ran for (engine/run_ahead.py ``RunAhead.reconcile``). The same on every rank."""
+        batch = self.scheduler.schedule()
+        ahead = self.runner.run_ahead
+        if ahead is None or ahead.launch is None:
+            return batch
+        decoding = [s.request for s in batch if is_decoding(s.request)]
+        missing, strangers = ahead.reconcile(decoding, self.scheduler.running)
+        if strangers:
+            batch = [s for s in batch if s.request not in strangers]
+        added = [self.scheduler.decode_chunk(r) for r in missing]
+        return batch + [s for s in added if s is not None]
 
     def close(self) -> None:
         """Rank 0 of a tensor-parallel engine: tell the other ranks to stop and wait for them (those this

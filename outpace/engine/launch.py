@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -91,6 +91,8 @@ class DecodeLaunch:
     timer: StepTimer | None = None  # the step's time, for the adaptive chooser
     # each request's bound on its drafter's pending rows before the step (engine/step_key.py HoldRule.advance)
     held_before: tuple[int | None, ...] = ()
+    # requests that left while it ran ahead for them (engine/run_ahead.py ``RunAhead.forget``): never restored
+    left: set[str] = field(default_factory=set)
 
     def row_of(self, request_ids: tuple[str, ...]) -> list[int]:
         """Each of ``request_ids``' row in this launch's outputs (which may also hold requests gone since)."""

@@ -9,7 +9,20 @@ serve it, whatever new prompts that step also prefills; otherwise it is dropped 
 it advanced is restored, so the state is again the one after the tokens the host holds (the KV rows it
 wrote lie past every committed row, and are rewritten before anything reads them). Under a server's
 load requests end and join at most steps, so a step run ahead that a join dropped would be a step
-computed twice (benchmarks/scripts/diag_closed_loop.py).
+computed twice (benchmarks/scripts/diag_closed_loop.py). A request that leaves while a step runs ahead for it
+(finished, aborted, preempted) is never restored (``forget``): a preempted one may be prefilled again into the
+same row before the step is read.
+
+A hybrid target's recurrent state (MBs a request) is not saved: the copy cost its bytes twice over in traffic, a
+step run ahead more than the host time it hid (plain decoding's step ms at batch 1 / 8 / 32 on the H200, saving
+it, against not running ahead: Qwen3.5 (49 MiB a request) 4.88 / 5.58 / 7.80 against 4.90 / 5.49 / 7.12,
+Nemotron-H-8B (97 MiB) 4.86 / 6.11 / 9.27 against 4.69 / 5.63 / 7.75; benchmarks/results/gpu_2026-11-30 call 1),
+so until now a batch whose state exceeded 512 MiB (Qwen3.5 past 10 requests, Nemotron-H past 5) did not run ahead
+and the host's time between its steps was the GPU's idle time. Instead nothing is ever restored there: the engine
+makes the batch after a step run ahead decode exactly the requests it ran for that are still running
+(``reconcile``). One the scheduler's token budget left out decodes all the same (its rows were reserved by the
+step run ahead); one that was not in the step waits for the next, and no step runs ahead of this one, so that the
+next batch is launched whole.
 """
 
 from __future__ import annotations
@@ -32,19 +45,10 @@ from outpace.speculative.proposer import DraftShape
 if TYPE_CHECKING:
     from outpace.engine.copy_pieces_kernel import CopyPieces
 
-# The most request state a step run ahead saves first (to restore on a drop): a hybrid's recurrent state is MBs
-# a request, and the copy costs its bytes twice over in traffic, while the host time a step run ahead hides is a
-# fraction of a ms. On the H200, plain decoding's step ms at batch 1 / 8 / 32 with and without running ahead
-# (benchmarks/scripts/run_ahead_cost.py, bench/families.py; benchmarks/results/gpu_2026-11-30 calls 1 and 2):
-#   Nemotron-H-8B (97 MiB a request)         4.86 / 6.11 / 9.27 ahead, 4.69 / 5.63 / 7.75 not
-#   Qwen3.5 (49 MiB)                         4.88 / 5.58 / 7.80 ahead, 4.90 / 5.49 / 7.12 not
-#   Qwen3-Next, 8-layer slice (12 MiB)       0.92 / 2.02 / 4.92 ahead, 0.95 / 2.30 / 5.18 not
-# 512 MiB is the bound of those that loses least (0.09 ms at Qwen3.5's batch 8, 0.17 at Nemotron-H's batch 1).
-MAX_SAVED_BYTES = 512 << 20
-# The least a save plan copies in one launch (``copies_in_one_launch``): a hybrid's recurrent states (MBs a row;
-# the Qwen3-Next slice's 201 MB at batch 8 in 51.5 us where torch's four launches took 78, gpu_2026-12-01e), not a
-# dense model's lengths and last tokens: their few bytes keep torch's copies, as every dense model's steps were
-# measured with (the one launch's host cost against theirs is not measured).
+# The least a save plan copies in one launch (``copies_in_one_launch``): a drafter's rows where they are large, not
+# the lengths and last tokens, whose few bytes keep torch's copies, as every dense model's steps were measured with
+# (the one launch's host cost against theirs is not measured). Measured when hybrids' recurrent states were saved:
+# the Qwen3-Next slice's 201 MB at batch 8 in 51.5 us, where torch's four launches took 78 (gpu_2026-12-01e).
 ONE_LAUNCH_BYTES = 1 << 20
 
 
@@ -136,20 +140,22 @@ class RunAhead:
         lookahead: int,
         max_model_len: int,
         holds: HoldRule | None = None,
-        state_bytes: int = 0,
+        recurrent: bool = False,
     ) -> None:
         """``per_step``: the most KV rows a decode step writes per request (the largest draft shape's
         nodes); ``lookahead``: the rows past them a drafter reads; positions stay below ``max_model_len``;
         ``holds``: the host's bounds on drafters' pending rows, which a drop restores with the device state;
-        ``state_bytes``: the recurrent state a request holds (hybrid targets), saved before a step run ahead."""
+        ``recurrent``: a hybrid target, whose recurrent state is not saved (module docstring)."""
         self.pool, self.req_table, self.decode_step = pool, req_table, decode_step
-        self.holds, self.state_bytes = holds, state_bytes
+        self.holds, self.recurrent = holds, recurrent
         self.per_step, self.lookahead = per_step, lookahead
         self.limit = min(max_model_len, req_table.max_rows)
         self.launch: DecodeLaunch | None = None
         self._plans: dict[
             StepKey, _SavePlan
         ] = {}  # a key's last plan: the batch's rows, its tensors
+        # ``reconcile`` left a request out of the next batch: no step runs ahead of it
+        self._launch_none_next = False
 
     def ran_for(self, request_ids) -> bool:
         """Whether the step run ahead (if any) ran for one of these requests."""
@@ -161,12 +167,11 @@ class RunAhead:
         """The request state of these request rows before a step of ``key``, to restore on a drop: the rows in
         ascending order, copied a run of consecutive rows at a time into tensors kept for the next step of the
         same key and rows (one step runs ahead at a time, and a step's saved state is dead once the next is
-        launched ahead: ``take`` or ``drop`` ended it), in one launch on CUDA (``_SavePlan.run``). A hybrid
-        model's recurrent states are MBs a row (torch's index_select of them took 38 us a layer at batch 8 of
-        Nemotron-H-8B on the H200, benchmarks/results/gpu_2026-11-29f call 1), and a clone a buffer costs host
-        time: 14 clones took about 300 us of a 853 us step of the Qwen3-Next slice at batch 1 on the H200 under
-        torch.profiler, the GPU idle behind them (benchmarks/results/gpu_2026-11-30c, call 3's host_profile.py)."""
-        rows, buffers = sorted(req_indices), self.decode_step.state_buffers(key)
+        launched ahead: ``take`` or ``drop`` ended it), in one launch on CUDA (``_SavePlan.run``); a hybrid's
+        recurrent state is not among them (module docstring). A clone a buffer costs host time: 14 clones took
+        about 300 us of a 853 us step of the Qwen3-Next slice at batch 1 on the H200 under torch.profiler, the GPU
+        idle behind them (benchmarks/results/gpu_2026-11-30c, call 3's host_profile.py)."""
+        rows, buffers = sorted(req_indices), self.decode_step.state_buffers(key, recurrent=False)
         plan = self._plans.get(key)
         if (
             plan is None
@@ -197,6 +202,34 @@ class RunAhead:
         self.drop()
         return None
 
+    def forget(self, request_id: str) -> None:
+        """``request_id`` left while the step run ahead ran for it (finished, aborted or preempted): its row is
+        never restored, even where a prefill gives the request that row again before the step is read."""
+        if self.ran_for([request_id]):
+            self.launch.left.add(request_id)
+
+    def reconcile(
+        self, decoding: list[Request], running: list[Request]
+    ) -> tuple[list[Request], list[Request]]:
+        """A hybrid target's next batch against the step run ahead (module docstring), given the requests the
+        scheduled batch decodes and every running one: (the running requests the step ran for that the batch
+        leaves out, which must decode in it; the requests it decodes that the step did not run for at their
+        length, which must not: no step runs ahead of this one, so that they decode in the next). Nothing to
+        change for a dense target or without a step run ahead."""
+        launch = self.launch
+        if not self.recurrent or launch is None:
+            return [], []
+        ran = {
+            rid: start
+            for rid, start in zip(launch.request_ids, launch.starts)
+            if rid not in launch.left
+        }
+        scheduled = {r.request_id for r in decoding}
+        missing = [r for r in running if r.request_id in ran and r.request_id not in scheduled]
+        strangers = [r for r in decoding if ran.get(r.request_id) != r.num_computed_tokens]
+        self._launch_none_next = bool(strangers)
+        return missing, strangers
+
     def drop(self) -> None:
         """Undo the step run ahead: wait for it, then restore the request state it started from, for the
         rows still held by the requests it ran for."""
@@ -211,10 +244,16 @@ class RunAhead:
         rows = [
             i
             for i, (rid, index) in enumerate(zip(launch.request_ids, launch.req_indices))
-            if undo[i] and self.req_table.holds(rid, index)
+            if undo[i] and rid not in launch.left and self.req_table.holds(rid, index)
         ]
         if not rows:
             return
+        if self.recurrent:  # (``reconcile`` keeps every such request in the batch)
+            advanced = [launch.request_ids[i] for i in rows]
+            raise RuntimeError(
+                f"a step run ahead advanced the recurrent state of requests {advanced} past the tokens the"
+                " host holds, and a hybrid's recurrent state is not saved to restore"
+            )
         launch.copy.wait()
         device, held = self.req_table.device, {launch.req_indices[i] for i in rows}
         saved_rows = launch.saved.rows
@@ -226,7 +265,8 @@ class RunAhead:
             ],
             device,
         )
-        for buffer, saved in zip(self.decode_step.state_buffers(launch.key), launch.saved.tensors):
+        buffers = self.decode_step.state_buffers(launch.key, recurrent=False)
+        for buffer, saved in zip(buffers, launch.saved.tensors):
             buffer.index_copy_(0, indices, saved.index_select(0, kept))
         if self.holds is not None and launch.held_before:
             self.holds.restore(
@@ -242,13 +282,14 @@ class RunAhead:
     ) -> bool:
         """Whether to launch the step after this one (which drafts ``shape``) now, for ``reqs`` (the batch's
         requests that go on past it: ``goes_on``) and ``joining`` (whose prefill this step completes):
-        ``captured`` (a graph holds the batch), no grammar (its masks need this step's tokens), the request
-        state to save first within ``MAX_SAVED_BYTES``, and its rows reserved for any acceptance of this one
+        ``captured`` (a graph holds the batch), no grammar (its masks need this step's tokens), no request
+        left out of this step by ``reconcile``, and its rows reserved for any acceptance of this one
         (``reserve_rows``)."""
         ahead = reqs + [s.request for s in joining]
-        if not captured or any(r.params.structured_outputs is not None for r in ahead):
+        if self._launch_none_next:
+            self._launch_none_next = False
             return False
-        if len(ahead) * self.state_bytes > MAX_SAVED_BYTES:
+        if not captured or any(r.params.structured_outputs is not None for r in ahead):
             return False
         extra = self.per_step + self.lookahead + 1
         rows = [r.num_computed_tokens + self.per_step + extra for r in reqs]

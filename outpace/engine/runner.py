@@ -274,7 +274,7 @@ class ModelRunner:
             lookahead,
             max_model_len,
             self.holds,
-            self.states.state_bytes_per_request,
+            recurrent=self.states.state_bytes_per_request > 0,
         )
 
     def release(self, request_id: str) -> None:
@@ -287,6 +287,7 @@ class ModelRunner:
         what this returns is not yet measured)."""
         ahead = self.run_ahead
         if ahead is not None and ahead.ran_for([request_id]):
+            ahead.forget(request_id)
             row = self.req_table.retire(request_id)
             if row is not None:
                 self._retired.append((row, ahead.launch))
@@ -326,12 +327,6 @@ class ModelRunner:
         decoding = [is_decoding(s.request) for s in batch]
         prefill = [s for s, d in zip(batch, decoding) if not d]
         decode = [s.request for s, d in zip(batch, decoding) if d]
-        if self.run_ahead is not None and self.run_ahead.ran_for(
-            s.request.request_id for s in prefill
-        ):
-            # a request the step run ahead ran for is recomputed (it was preempted): dropped later, the step's
-            # restore would write the old state over what this prefill writes, should it get its row back
-            self.run_ahead.drop()
         for s in prefill:  # (absorbing its chunk resets the drafter's pending rows)
             self.holds.forget(s.request.request_id)
         if self._retired and prefill:

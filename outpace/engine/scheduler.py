@@ -241,6 +241,16 @@ class Scheduler:
             self._saving[req.request_id] = chunk.save_checkpoint
         return chunk
 
+    def decode_chunk(self, req: Request) -> ScheduledRequest | None:
+        """A decode step for a running, decoding request that ``schedule`` left out (its token budget spent),
+        which a hybrid's step run ahead has advanced and so must decode now (engine/run_ahead.py ``reconcile``):
+        its rows grown (already reserved by the step run ahead), else it is preempted (None: recomputed later)."""
+        _, _, rows = self._demand(req, self.decode_tokens, req.num_computed_tokens)
+        if self.pool.try_grow(req.request_id, rows):
+            return ScheduledRequest(req, 1)
+        self.preempt(req)
+        return None
+
     def isolate(self, batch: list[Request]) -> None:
         """A step of ``batch`` failed and the fault cannot be told apart: every running request is preempted
         (recomputed later: outputs so far are kept) and the batch's requests become suspects, each then run

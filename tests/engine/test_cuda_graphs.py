@@ -476,12 +476,30 @@ def _count_partial_takes(llm: LLM) -> dict:
     return taken
 
 
+def _count_reconciled(llm: LLM) -> dict:
+    """Counts the requests ``RunAhead.reconcile`` put into a batch the scheduler left them out of, and those it
+    took out."""
+    owner, counts = llm.engine.runner.run_ahead, {"missing": 0, "strangers": 0}
+    reconcile = owner.reconcile
+
+    def counting(decoding, running):
+        missing, strangers = reconcile(decoding, running)
+        counts["missing"] += len(missing)
+        counts["strangers"] += len(strangers)
+        return missing, strangers
+
+    owner.reconcile = counting
+    return counts
+
+
 @pytest.mark.parametrize("target", ["tinypy", "qwen3_next"])
-def test_a_request_the_token_budget_leaves_out_gets_its_state_back(target, tmp_path):
-    """An EAGLE3 tree verifies 7 rows a request, so a 16-token budget decodes two of three requests a step
+def test_a_request_the_token_budget_leaves_out_keeps_plain_decodings_tokens(target, tmp_path):
+    """An EAGLE3 tree verifies 7 rows a request, so a 16-token budget schedules two of three requests a step
     while the step run ahead ran for all three: the one left out had its length, last token, recurrent state
-    and drafter rows advanced past tokens the host never received. They go back, so every request gets
-    plain decoding's tokens. Before, the third request lost a token here, dense or hybrid (and on the H200 a
+    and drafter rows advanced past tokens the host never received. A dense target's go back (a partial take
+    restores them). A hybrid's recurrent state is not saved, so the engine decodes that request all the same
+    (engine/run_ahead.py ``reconcile``), and none is recomputed. Either way every request gets plain
+    decoding's tokens. Before 2026-12-03 the third request lost a token here, dense or hybrid (and on the H200 a
     Qwen3-Next's and a Nemotron-H's did: benchmarks/results/gpu_2026-12-03, call 2)."""
     from helpers.hybrid_models import make_hybrid, save_hybrid
     from helpers.spec_models import make_eagle3_draft
@@ -497,7 +515,13 @@ def test_a_request_the_token_budget_leaves_out_gets_its_state_back(target, tmp_p
     tree = SpeculativeConfig("eagle3", draft, num_steps=3, topk=2, num_draft_tokens=6)
     llm = _llm(path, speculative=tree, block_size=16, max_num_batched_tokens=16)
     llm.engine.capture_graphs()
-    taken = _count_partial_takes(llm)
-    assert [o.token_ids for o in llm.generate(prompts, params)] == expected
-    assert taken["partial"] > 0  # (the case arose)
+    taken, reconciled = _count_partial_takes(llm), _count_reconciled(llm)
+    outs = llm.generate(prompts, params)
+    assert [o.token_ids for o in outs] == expected
+    if target == "tinypy":
+        assert taken["partial"] > 0  # (the case arose)
+        assert reconciled == {"missing": 0, "strangers": 0}
+    else:
+        assert taken["partial"] == 0 and reconciled["missing"] > 0  # (the case arose)
+        assert sum(o.metrics.num_preemptions for o in outs) == 0
     assert llm.engine.pool.num_free == llm.engine.pool.num_blocks

@@ -1,8 +1,7 @@
 """When a decode step may be run ahead (engine/run_ahead.py ``reserve_rows``): a request that surely ends by
 length with the current step stays out of it (``goes_on``); not when every request may end (a step run ahead
 would likely serve nobody); otherwise yes, with each request's table grown for the rows the step ahead needs,
-as long as the pool and the position limit allow; nor when the request state to save first exceeds
-``MAX_SAVED_BYTES``."""
+as long as the pool and the position limit allow; a hybrid's at any batch, its recurrent state not saved."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -79,9 +78,10 @@ def _steps_run_ahead(llm: LLM) -> list[int]:
     return sizes
 
 
-def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
-    """A hybrid target's recurrent state rows are saved before a step run ahead: a batch whose rows hold more
-    than MAX_SAVED_BYTES is not run ahead, a smaller one is; the output is greedy decoding's either way."""
+def test_a_hybrid_runs_ahead_at_every_batch_saving_no_recurrent_state():
+    """A hybrid target's recurrent state is not saved before a step run ahead (engine/run_ahead.py): a batch of
+    any size runs ahead, saving only its lengths and last tokens, and the output is greedy decoding's. Before,
+    the state was saved and a batch holding more than 512 MiB of it did not run ahead."""
     prompts = ["def add(a, b):", "class Stack:", "import os\n", "for i in range("]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     reference = [
@@ -93,16 +93,74 @@ def test_no_step_runs_ahead_whose_saved_state_exceeds_the_bound(monkeypatch):
     llm = LLM(str(ZOO / "tinyqwen35"), device="cpu", dtype="float32", max_num_seqs=4)
     llm.engine.capture_graphs()
     row = llm.engine.runner.states.state_bytes_per_request
-    assert row > 0
-    sizes = _steps_run_ahead(llm)
+    sizes, saved = _steps_run_ahead(llm), []
+    owner = llm.engine.runner.run_ahead
+    saved_state = owner.saved_state
+
+    def recording(key, req_indices):
+        rows = saved_state(key, req_indices)
+        saved.append(sum(t.numel() * t.element_size() for t in rows.tensors))
+        return rows
+
+    owner.saved_state = recording
     assert [o.token_ids for o in llm.generate(prompts, params)] == reference
-    assert 4 in sizes  # within the default bound
-    monkeypatch.setattr(run_ahead, "MAX_SAVED_BYTES", 2 * row)
-    sizes.clear()
-    assert [o.token_ids for o in llm.generate(prompts, params)] == reference
-    assert sizes == []  # four requests' rows: over the bound
-    assert [o.token_ids for o in llm.generate(prompts[:2], params)] == reference[:2]
-    assert sizes and set(sizes) == {2}
+    assert 4 in sizes
+    assert saved and max(saved) < row  # four rows' lengths and last tokens, no recurrent state
+
+
+def test_a_request_that_left_is_never_restored():
+    """A request that leaves while a step runs ahead for it (here preempted, and its row given back to it by a
+    prefill before the step is read) keeps what the prefill wrote when the step is dropped; the others' rows are
+    restored."""
+    import torch
+
+    from outpace.engine.launch import DecodeLaunch
+
+    buffers = [torch.arange(4, dtype=torch.int64)]
+    step = SimpleNamespace(state_buffers=lambda key, recurrent=True: buffers)
+    table = SimpleNamespace(holds=lambda rid, index: True, max_rows=64, device="cpu")
+    ahead = run_ahead.RunAhead(None, table, step, per_step=1, lookahead=0, max_model_len=64)
+    saved = ahead.saved_state(None, [0, 1])
+    ahead.launch = DecodeLaunch(
+        None, ("a", "b"), (), SimpleNamespace(wait=lambda: None), [0, 1], saved
+    )
+    buffers[0].add_(10)  # the step run ahead
+    ahead.forget("b")
+    buffers[0][1] = -1  # b's prefill into the same row
+    ahead.drop()
+    assert buffers[0].tolist() == [0, -1, 12, 13]
+
+
+def test_a_hybrids_batch_after_a_step_run_ahead_decodes_exactly_the_requests_it_ran_for():
+    """``reconcile``: a hybrid's next batch must decode every running request the step run ahead advanced (b, left
+    out by the scheduler) and none it did not run for at its length (n: then no step runs ahead of this one, so
+    that the next batch holds n too); a request that left (c, preempted and prefilling again) is neither. A dense
+    target's batch stays as scheduled."""
+    from outpace.engine.launch import DecodeLaunch
+
+    def req(rid, computed):
+        params = SimpleNamespace(max_tokens=100, structured_outputs=None)
+        return SimpleNamespace(
+            request_id=rid, num_computed_tokens=computed, num_output_tokens=1, params=params
+        )
+
+    a, b, c, n = req("a", 5), req("b", 7), req("c", 0), req("n", 3)
+    table = SimpleNamespace(max_rows=64)
+    copy = SimpleNamespace(wait=lambda: None)
+    launch = DecodeLaunch(None, ("a", "b", "c"), (5, 7, 9), copy, [0, 1, 2])
+    dense = run_ahead.RunAhead(None, table, None, per_step=1, lookahead=0, max_model_len=64)
+    dense.launch = launch
+    assert dense.reconcile([a, n], [a, b, c, n]) == ([], [])
+    pool = BlockPool(num_blocks=16, block_size=4)
+    hybrid = run_ahead.RunAhead(
+        pool, table, None, per_step=1, lookahead=0, max_model_len=64, recurrent=True
+    )
+    hybrid.launch = launch
+    hybrid.forget("c")
+    assert hybrid.reconcile([a, n], [a, b, c, n]) == ([b], [n])
+    shape = SimpleNamespace(num_steps=0)
+    assert not hybrid.may_launch([a, b], shape, [], captured=True)
+    assert hybrid.may_launch([a, b, n], shape, [], captured=True)  # the step after
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["torch_copies", "one_launch"])
@@ -131,7 +189,7 @@ def test_a_drop_restores_each_held_row_of_every_buffer(rows, one_launch, monkeyp
         torch.randn(5, 7, generator=g).to(torch.bfloat16),
     ]
     buffers = [t.to(device) for t in buffers]
-    step = SimpleNamespace(state_buffers=lambda key: buffers)
+    step = SimpleNamespace(state_buffers=lambda key, recurrent=True: buffers)
     table = SimpleNamespace(holds=lambda rid, index: rid != "gone", max_rows=64, device=device)
     ahead = run_ahead.RunAhead(None, table, step, per_step=1, lookahead=0, max_model_len=64)
     ids = ("a", "gone", "b")[: len(rows)] if len(rows) > 1 else ("a",)
