@@ -93,6 +93,28 @@ def test_a_decoding_request_costs_decode_tokens_and_reserves_lookahead_rows():
     assert list(sched.waiting) == [b]
 
 
+def test_a_decode_chunk_outside_the_budget_grows_its_rows_or_preempts_the_request():
+    """``decode_chunk`` (a hybrid's request that a step run ahead advanced, left out by the budget: engine/
+    run_ahead.py ``reconcile``): a decode step of it, its rows grown for the verify width; where the pool cannot hold
+    them, the request is preempted instead, to be recomputed."""
+    pool = BlockPool(7, 2)
+    sched = scheduler(pool, max_num_batched_tokens=4, decode_tokens=4, lookahead=3)
+    a, b = request("a", 3), request("b", 1)
+    for r in (a, b):
+        sched.add(r)
+    step(sched)  # both prompts
+    assert shares(step(sched)) == [("a", 1)]  # b left out by the budget
+    chunk = sched.decode_chunk(b)
+    assert (chunk.request, chunk.num_new_tokens) == (b, 1)
+    assert (
+        len(pool.table("b")) == 3
+    )  # rows 0 .. 2 + 3 for its last token and drafts, in blocks of 2
+    a.num_computed_tokens += 1
+    a.token_ids.append(SAMPLED_TOKEN)
+    assert sched.decode_chunk(a) is None  # 5 more rows: no free block
+    assert list(sched.waiting) == [a] and a.metrics.num_preemptions == 1 and not pool.table("a")
+
+
 def test_a_request_that_does_not_fit_the_free_blocks_is_not_overtaken():
     pool = BlockPool(3, 4)
     sched = scheduler(pool)
