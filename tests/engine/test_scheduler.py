@@ -106,12 +106,11 @@ def test_a_decode_chunk_outside_the_budget_grows_its_rows_or_preempts_the_reques
     assert shares(step(sched)) == [("a", 1)]  # b left out by the budget
     chunk = sched.decode_chunk(b)
     assert (chunk.request, chunk.num_new_tokens) == (b, 1)
-    assert (
-        len(pool.table("b")) == 3
-    )  # rows 0 .. 2 + 3 for its last token and drafts, in blocks of 2
-    a.num_computed_tokens += 1
+    # rows 0 .. 4 (its last token's row 1, then 3 draft rows) in blocks of 2
+    assert len(pool.table("b")) == 3 and pool.num_free == 0
+    a.num_computed_tokens += 1  # (say a draft was accepted too)
     a.token_ids.append(SAMPLED_TOKEN)
-    assert sched.decode_chunk(a) is None  # 5 more rows: no free block
+    assert sched.decode_chunk(a) is None  # its step from row 5 needs rows 0 .. 8: a fifth block
     assert list(sched.waiting) == [a] and a.metrics.num_preemptions == 1 and not pool.table("a")
 
 
