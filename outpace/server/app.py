@@ -331,7 +331,8 @@ def build_app(
         param = "messages" if chat else "prompt"
         parsing = parsers.for_request(body, prompt_texts[0]) if chat else None
         job = Job(chat, body, prompt_ids, prompt_texts, model_name, engine.tokenizer, parsing)
-        requests = inputs.engine_requests(body, job.id, prompt_ids, param)
+        # (off the event loop: a constraint's first compile took seconds for a large enum, every stream stalled)
+        requests = await asyncio.to_thread(inputs.engine_requests, body, job.id, prompt_ids, param)
         try:
             stream = engine.open_stream(requests, max_queued_requests)
         except QueueFull as e:

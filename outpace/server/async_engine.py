@@ -211,8 +211,9 @@ class AsyncEngine:
     def new_request(
         self, prompt_token_ids: list[int], params: SamplingParams, request_id: str
     ) -> Request:
-        """Validate one request (ValueError naming the problem). Called from the event loop: with
-        token ids and an explicit id, ``LLMEngine.new_request`` reads only immutable engine fields."""
+        """Validate one request (ValueError naming the problem). Called from a worker thread (server/app.py): with
+        token ids and an explicit id, ``LLMEngine.new_request`` reads only immutable engine fields, and compiles the
+        request's constraint (xgrammar's compiler is thread-safe; ``GrammarCompiler`` builds it under a lock)."""
         return self.engine.new_request(prompt_token_ids, params, request_id)
 
     def open_stream(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any, Sequence
 from urllib.parse import unquote
 
@@ -66,23 +67,25 @@ class GrammarCompiler:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self._compiler = None
+        self._building = threading.Lock()  # admission checks compile on the server's worker threads
 
     def _compiler_or_build(self):
-        if self._compiler is None:
-            if self.tokenizer is None:
-                raise ValueError(
-                    "structured_outputs needs the model's tokenizer, and this model has none"
+        with self._building:
+            if self._compiler is None:
+                if self.tokenizer is None:
+                    raise ValueError(
+                        "structured_outputs needs the model's tokenizer, and this model has none"
+                    )
+                if not self.stop_token_ids:
+                    raise ValueError(
+                        "structured_outputs needs an end-of-sequence token id, and this model has none"
+                    )
+                xgr = _xgrammar()
+                info = xgr.TokenizerInfo.from_huggingface(
+                    self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
                 )
-            if not self.stop_token_ids:
-                raise ValueError(
-                    "structured_outputs needs an end-of-sequence token id, and this model has none"
-                )
-            xgr = _xgrammar()
-            info = xgr.TokenizerInfo.from_huggingface(
-                self.tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
-            )
-            self._compiler = xgr.GrammarCompiler(info, max_threads=2)
-        return self._compiler
+                self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+            return self._compiler
 
     def compile(self, spec: StructuredOutputsParams):
         """The compiled grammar; a constraint that does not compile raises ``ConstraintError``."""
