@@ -570,6 +570,7 @@ class ChatCompletionRequest(SamplingFields):
             )
         if forced != "required":
             return "tool_choice", {"json": tools[forced]}
+        hoisted, tools = _hoist_definitions(tools)
         calls = [
             {
                 "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
@@ -578,10 +579,36 @@ class ChatCompletionRequest(SamplingFields):
             for name, schema in tools.items()
         ]
         items = {"type": "object", "anyOf": calls}
-        return "tool_choice", {"json": {"type": "array", "minItems": 1, "items": items}}
+        return "tool_choice", {"json": {"type": "array", "minItems": 1, "items": items, **hoisted}}
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         return tool_dicts(self.tools)
+
+
+def _hoist_definitions(
+    tools: dict[str, dict[str, Any]],
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(the tools' ``$defs`` and ``definitions``, merged; each tool's parameters without them): tool_choice "required"
+    nests every tool's parameters in one schema, where their "#/$defs/..." references must find the definitions
+    at its top, as vLLM's ``get_tool_schema_defs`` puts them (pydantic writes such schemas). A name two tools define
+    differently is refused."""
+    hoisted: dict[str, dict[str, Any]] = {}
+    stripped = {}
+    for name, schema in tools.items():
+        for key in ("$defs", "definitions"):
+            own = schema.get(key) or {}
+            if not isinstance(own, dict):
+                raise bad_request(f"tool {name!r}: parameters.{key} must be an object", "tools")
+            merged = hoisted.setdefault(key, {})
+            for ref, definition in own.items():
+                if merged.setdefault(ref, definition) != definition:
+                    raise bad_request(
+                        f'tools define {key}/{ref} differently, and tool_choice "required" puts every '
+                        f"tool's {key} in one schema (tool {name!r})",
+                        "tools",
+                    )
+        stripped[name] = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    return {k: v for k, v in hoisted.items() if v}, stripped
 
 
 class TokenizeRequest(_Body):
