@@ -22,6 +22,18 @@ class ConfigError(ValueError):
     """A configuration value is outside its allowed range."""
 
 
+class RequestFieldError(ValueError):
+    """A request's sampling parameter the engine cannot serve (``LLMEngine.new_request``): ``field`` names it as
+    SamplingParams does, so that the server's 400 names that field rather than the prompt."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def __reduce__(self):  # (it crosses to the server from a replica's process: server/replicas.py)
+        return type(self), (self.field, str(self))
+
+
 def require(owner: str, name: str, value: Any, ok: bool, allowed: str) -> None:
     """Raise ``ConfigError`` for ``owner.name=value`` unless ``ok``; ``allowed`` says what may be given."""
     if not ok:

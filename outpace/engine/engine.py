@@ -54,6 +54,7 @@ from outpace.request import Request, RequestOutput
 from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
 from outpace.structured import GrammarCompiler, GrammarTable
+from outpace.validation import RequestFieldError
 
 logger = logging.getLogger("outpace.engine")
 
@@ -308,14 +309,17 @@ class LLMEngine:
         stops at the context with finish_reason "length", as vLLM's server clamps it)."""
         where = f"the context holds {self.max_model_len} tokens (set by {self._context_limit})"
         if max_tokens > self.max_model_len:
-            raise ValueError(f"SamplingParams max_tokens={max_tokens} is more than {where}")
+            raise RequestFieldError(
+                "max_tokens", f"SamplingParams max_tokens={max_tokens} is more than {where}"
+            )
         if (
             self._context_limit.startswith("the KV cache")
             and num_prompt_tokens + max_tokens > self.max_model_len
         ):
-            raise ValueError(
+            raise RequestFieldError(
+                "max_tokens",
                 f"SamplingParams max_tokens={max_tokens} does not fit: the prompt has "
-                f"{num_prompt_tokens} tokens and {where}; raise EngineConfig.num_kv_blocks"
+                f"{num_prompt_tokens} tokens and {where}; raise EngineConfig.num_kv_blocks",
             )
 
     def _check_features(self, req: Request) -> None:
@@ -334,14 +338,15 @@ class LLMEngine:
         ):
             bad = [t for t in ids if t >= vocab]
             if bad:
-                raise ValueError(
-                    f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+                raise RequestFieldError(
+                    name, f"{name} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
                 )
         stops = self.eos_token_ids | set(p.stop_token_ids)
         if p.min_tokens and p.allowed_token_ids and stops.issuperset(p.allowed_token_ids):
-            raise ValueError(
+            raise RequestFieldError(
+                "min_tokens",
                 f"SamplingParams min_tokens={p.min_tokens} leaves no token to sample: every one of "
-                f"allowed_token_ids {list(p.allowed_token_ids)[:5]} is a stop token until then"
+                f"allowed_token_ids {list(p.allowed_token_ids)[:5]} is a stop token until then",
             )
         self.grammars.check(req)
 

@@ -25,6 +25,7 @@ from pydantic import (
     Strict,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from outpace.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
@@ -87,6 +88,15 @@ TokenId = Annotated[int, Strict(), Field(ge=0, le=2**31 - 1)]
 class _Body(BaseModel):
     # NOTE: undeclared fields are kept (model_extra) so that ``refuse_unknown_fields`` names them.
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """A null field takes its default: OpenAI's API marks most request fields nullable (n, stream, echo, ...),
+        clients that write every field send null, and vLLM's request models take None for them."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 class StreamOptions(_Body):
@@ -369,11 +379,16 @@ class ChatMessage(_Body):
             return self.content
         parts = []
         for j, part in enumerate(self.content):
-            if part.type != "text" or part.text is None:
+            if part.type != "text":
                 raise bad_request(
                     f"content part type {part.type!r} is not supported (only 'text')",
                     f"messages.{i}.content.{j}",
                     "unsupported_content",
+                )
+            if part.text is None:
+                raise bad_request(
+                    "a content part of type 'text' needs a 'text' string",
+                    f"messages.{i}.content.{j}.text",
                 )
             parts.append(part.text)
         return "".join(parts)

@@ -20,7 +20,7 @@ from outpace.server.protocol import (
     conversation,
 )
 from outpace.structured.grammar import ConstraintError
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, RequestFieldError
 
 
 class RequestInputs:
@@ -205,5 +205,8 @@ class RequestInputs:
         except ConstraintError as e:
             where = body.constraint_param
             raise bad_request(f"invalid {where}: {e.detail}", where) from None
+        except RequestFieldError as e:  # (a sampling parameter: the server's name for max_tokens)
+            field = body.requested_max_tokens()[1] if e.field == "max_tokens" else e.field
+            raise bad_request(str(e), field) from None
         except ValueError as e:
             raise bad_request(str(e), param) from None
