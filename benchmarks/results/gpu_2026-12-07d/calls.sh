@@ -4,6 +4,7 @@
 # ARG: suite A|B [WORKERS]: every test marked gpu, in gpu_2026-12-06/call35.sh's two halves (A: the six largest
 # files, B: the others), WORKERS pytest workers (default 4: 6 ran out of memory on an H100's 80 GB). -v, so a half
 # cut by its limit still says what passed. Under 560 s.
+# ARG: hybrid: hybrid-tests, then run_ahead_cost.py on Qwen3.5 alone in what is left of 580 s.
 # ARG: hybrid-tests: the GPU tests of hybrid targets that run decode steps ahead (batch-invariant bits of every
 # drafter against plain decoding, greedy tokens against the CPU's) after this session's change (a hybrid's recurrent
 # state is not saved before a step run ahead: engine/run_ahead.py). Under 300 s.
@@ -45,6 +46,13 @@ hybrid-tests)
     tests/kernels/test_hybrid_kernels.py tests/gpu/test_gpu.py -k hybrid >> $OUT/hybrid_tests.log 2>&1
   echo "rc=$? after ${SECONDS}s" >> $OUT/hybrid_tests.log
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc=" $OUT/hybrid_tests.log
+  ;;
+hybrid)
+  bash $0 hybrid-tests
+  timeout $(( 580 - SECONDS )) python3 benchmarks/scripts/run_ahead_cost.py $OUT/run_ahead_qwen35.json qwen3.5 \
+    > $OUT/run_ahead_qwen35.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/run_ahead_qwen35.log
+  grep -hE "run_ahead=|rc=|Error" $OUT/run_ahead_qwen35.log
   ;;
 hybrid-cost)
   if [ "${2:-}" = before ]; then
