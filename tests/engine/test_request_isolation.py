@@ -5,15 +5,12 @@ the KV blocks, the request rows and the engine go on as if it had never come."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
+from helpers.server_helpers import in_thread
 from outpace import LLM, SamplingParams
 from outpace.config import EngineConfig, SpeculativeConfig
 from outpace.server.app import build_app
@@ -102,27 +99,12 @@ def test_a_short_prompt_with_mtp_and_prefix_caching_is_served():
     assert llm.generate([[5, 6, 7]], GREEDY)[0].finish_reason == "length"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_failing_request_fails_alone_through_the_server(expected, monkeypatch):
     """Through the server: the failing request gets HTTP 500, the 4 others in flight their tokens."""
     app = build_app(EngineConfig(model=ZOO, device="cpu", max_num_seqs=4), log_interval=60)
     engine = app.state.engine.engine
     _poison(monkeypatch, engine.runner, "execute", engine.tokenizer.encode(PROMPTS[2]), 4)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.05)
+    with in_thread(app) as url:
 
         async def ask_all():
             async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -147,6 +129,3 @@ def test_a_failing_request_fails_alone_through_the_server(expected, monkeypatch)
             health["num_requests_unfinished"] == 0
             and health["kv_blocks_free"] == health["kv_blocks_total"]
         )
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -100,3 +103,26 @@ def chat_prompt_ids(llm, messages: list[dict]) -> list[int]:
     """How the server turns chat messages into prompt tokens: the chat template, no added specials."""
     text = llm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return llm.tokenizer.encode(text, add_special_tokens=False)
+
+
+@contextlib.contextmanager
+def in_thread(app):
+    """Serve the app (server/app.py ``build_app``) with uvicorn on a thread of this process, on a free port: yields
+    its URL, stops it after. Where a test patches the engine in this process."""
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not server.started:
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

@@ -5,9 +5,7 @@ enum of 10,000 strings took 6 to 8 s on the CPU, 20,000 took 33), and while it r
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -15,18 +13,12 @@ import pytest
 for _dependency in ("fastapi", "uvicorn", "xgrammar"):
     pytest.importorskip(_dependency)
 httpx = pytest.importorskip("httpx")
-import uvicorn  # noqa: E402
 
+from helpers.server_helpers import in_thread  # noqa: E402
 from outpace.config import EngineConfig  # noqa: E402
 from outpace.server.app import build_app  # noqa: E402
 
 ZOO = str(Path(__file__).resolve().parents[2] / "zoo" / "tinypy")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_health_answers_while_a_constraint_compiles(monkeypatch):
@@ -41,16 +33,7 @@ def test_health_answers_while_a_constraint_compiles(monkeypatch):
         return compile_(spec)
 
     monkeypatch.setattr(compiler, "compile", held)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while not server.started:
-            assert time.monotonic() < deadline and thread.is_alive()
-            time.sleep(0.05)
+    with in_thread(app) as url:
 
         async def constrained_and_health():
             async with httpx.AsyncClient(base_url=url, timeout=120) as client:
@@ -64,11 +47,10 @@ def test_health_answers_while_a_constraint_compiles(monkeypatch):
                     release.set()
                 return health, answered_while_held, await constrained
 
-        health, answered_while_held, constrained = asyncio.run(constrained_and_health())
+        try:
+            health, answered_while_held, constrained = asyncio.run(constrained_and_health())
+        finally:
+            release.set()
         assert health.status_code == 200 and answered_while_held
         assert constrained.status_code == 200, constrained.text
         assert constrained.json()["choices"][0]["text"].strip().lstrip("-").isdigit()
-    finally:
-        release.set()
-        server.should_exit = True
-        thread.join(timeout=60)
