@@ -215,7 +215,8 @@ class RunAhead:
         scheduled batch decodes and every running one: (the running requests the step ran for that the batch
         leaves out, which must decode in it; the requests it decodes that the step did not run for at their
         length, which must not: no step runs ahead of this one, so that they decode in the next). Nothing to
-        change for a dense target or without a step run ahead."""
+        change for a dense target, without a step run ahead, or where every request it ran for has left (it
+        serves no one: ``take`` drops it, restoring nothing)."""
         launch = self.launch
         if not self.recurrent or launch is None:
             return [], []
@@ -224,8 +225,11 @@ class RunAhead:
             for rid, start in zip(launch.request_ids, launch.starts)
             if rid not in launch.left
         }
+        live = [r for r in running if r.request_id in ran]
+        if not live:
+            return [], []
         scheduled = {r.request_id for r in decoding}
-        missing = [r for r in running if r.request_id in ran and r.request_id not in scheduled]
+        missing = [r for r in live if r.request_id not in scheduled]
         strangers = [r for r in decoding if ran.get(r.request_id) != r.num_computed_tokens]
         self._launch_none_next = bool(strangers)
         return missing, strangers

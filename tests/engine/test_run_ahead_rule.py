@@ -161,6 +161,11 @@ def test_a_hybrids_batch_after_a_step_run_ahead_decodes_exactly_the_requests_it_
     shape = SimpleNamespace(num_steps=0)
     assert not hybrid.may_launch([a, b], shape, [], captured=True)
     assert hybrid.may_launch([a, b, n], shape, [], captured=True)  # the step after
+    hybrid.launch = launch
+    for rid in ("a", "b"):
+        hybrid.forget(rid)
+    # every request it ran for has left: n decodes (the step, serving no one, is dropped)
+    assert hybrid.reconcile([n], [c, n]) == ([], [])
 
 
 @pytest.mark.parametrize("one_launch", [False, True], ids=["torch_copies", "one_launch"])
