@@ -272,10 +272,19 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
-        # Gemma3TextConfig / Gemma4TextConfig name the MLP's activation hidden_activation
-        return {
-            "hidden_act": cfg.string("hidden_act", None) or cfg.string("hidden_activation", "silu")
-        }
+        """Gemma3TextConfig / Gemma4TextConfig name the MLP's activation ``hidden_activation`` (default
+        gelu_pytorch_tanh) and ignore a ``hidden_act``: one that says otherwise is refused, not obeyed (before,
+        it was, and a missing ``hidden_activation`` meant silu: tokens other than transformers')."""
+        act = cfg.string("hidden_activation", "gelu_pytorch_tanh")
+        other = cfg.string("hidden_act", None)
+        if other is not None and other != act:
+            raise cfg.fail(
+                "hidden_act",
+                other,
+                f"absent or {act!r}: Gemma's activation is hidden_activation ({act!r}), which transformers "
+                "reads alone",
+            )
+        return {"hidden_act": act}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool, gemma, model_class: type) -> None:
         """``mtp_own_heads`` (the loader's argument for every model) must be False: Gemma has no MTP layers.

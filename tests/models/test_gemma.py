@@ -157,6 +157,18 @@ def test_gemma3_unimplemented_values_are_refused_by_name():
     refused(gemma3_dict(layer_types=["chunked_attention"] * 5), "layer_types", "chunked_attention")
 
 
+def test_gemma_activation_is_hidden_activation_as_transformers_reads_it():
+    """Gemma3TextConfig reads ``hidden_activation`` (default gelu_pytorch_tanh) and ignores ``hidden_act``: a
+    config without the first gets transformers' default (it got silu), one whose ``hidden_act`` says otherwise is
+    refused by name (it was obeyed: other tokens than transformers', found by fuzzing the loader)."""
+    without = {k: v for k, v in gemma3_dict().items() if k != "hidden_activation"}
+    assert ModelConfig.from_dict(without).hidden_act == "gelu_pytorch_tanh"
+    same = gemma3_dict(hidden_activation="gelu", hidden_act="gelu")
+    assert ModelConfig.from_dict(same).hidden_act == "gelu"
+    with pytest.raises(ConfigError, match="'hidden_act'.*'silu'"):
+        ModelConfig.from_dict(gemma3_dict(hidden_act="silu"))
+
+
 def test_gemma3_configs_before_transformers_5():
     """Hub configs written before transformers 5: rope_theta, rope_scaling (full layers),
     rope_local_base_freq (sliding layers) and sliding_window_pattern instead of layer_types."""
