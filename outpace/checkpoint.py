@@ -259,7 +259,7 @@ def load_checkpoint(
         for name in getattr(module, "checkpoint_tensors_elsewhere", list)()
     }
     ignored = skips_tensor(model)
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # tensor -> the file it was read from
     finite = FinitenessCheck()
     files = checkpoint_files(model_dir)
     for path in tqdm(
@@ -275,9 +275,13 @@ def load_checkpoint(
                     raise CheckpointError(
                         f"unexpected tensor {name!r} in {path.name}: the model has no such parameter"
                     )
+                if name in seen:  # (which copy is meant, the index does not say to every reader)
+                    raise CheckpointError(
+                        f"tensor {name!r} is stored twice, in {seen[name]} and {path.name}"
+                    )
                 _load_tensor(f, name, path, params.get(name, buffers.get(name)), finite)
-                seen.add(name)
-    missing = sorted(set(params) - seen)
+                seen[name] = path.name
+    missing = sorted(set(params) - set(seen))
     if missing:
         raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {_listed(missing)}")
     _refuse_non_finite(finite)

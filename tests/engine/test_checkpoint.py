@@ -27,6 +27,23 @@ def test_sharded_save_roundtrip(tmp_path, llama_dir):
         torch.testing.assert_close(b, a.to(torch.bfloat16).float(), msg=name)
 
 
+def test_a_tensor_stored_in_two_shards_is_refused(tmp_path, llama_dir):
+    """Two copies of one tensor, in two shards: which is meant is not the loader's guess (it read the last, found
+    by fuzzing the loader); the error names both files."""
+    from safetensors.torch import load_file, save_file
+
+    from outpace.checkpoint import CheckpointError
+
+    model = load_model(llama_dir, torch.float32)
+    files = save_checkpoint(model_state_dict(model), tmp_path, max_shard_bytes=40_000)
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    first, last = load_file(files[0]), load_file(files[-1])
+    name = next(iter(first))
+    save_file({**last, name: torch.full_like(first[name], 0.01)}, files[-1])
+    with pytest.raises(CheckpointError, match=f"{name}.*twice.*{files[0].name}.*{files[-1].name}"):
+        load_model(tmp_path, torch.float32)
+
+
 def test_zoo_target_matches_transformers():
     """The shipped target loads in transformers (MTP weights ignored) and the logits agree."""
     from transformers import AutoModelForCausalLM
