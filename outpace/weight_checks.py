@@ -76,14 +76,15 @@ class FinitenessCheck:
 def _nonfinite(loaded: Loaded) -> str | None:
     """The NaN and inf values of a flagged parameter counted exactly (None: a false alarm)."""
     param = loaded.param.detach()
-    nan, inf = int(param.isnan().sum()), int(param.isinf().sum())
+    values = param.float() if param.element_size() == 1 else param  # (no isinf for float8 types)
+    nan, inf = int(values.isnan().sum()), int(values.isinf().sum())
     if not nan and not inf:
         return None
     counts = " and ".join(
         f"{n} {what} value{'s' if n > 1 else ''}" for n, what in ((nan, "NaN"), (inf, "inf")) if n
     )
     stored, loaded_as = _name(loaded.stored_dtype), _name(param.dtype)
-    if stored != loaded_as and torch.isfinite(loaded.read_stored()).all():
+    if stored != loaded_as and torch.isfinite(loaded.read_stored().float()).all():
         return (
             f"has {counts} once converted to {loaded_as}: its {stored} values are finite but "
             f"beyond {loaded_as}'s range (load the model in a dtype that holds them)"
