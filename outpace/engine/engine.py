@@ -133,7 +133,9 @@ class LLMEngine:
         max_pos = self.model_config.max_position_embeddings
         spec = config.speculative
         check_before_loading(config, self.model_config)
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.tokenizer = load_tokenizer(
+            config.tokenizer or config.model, given=bool(config.tokenizer)
+        )
         torch.manual_seed(config.seed)  # (before the models: a dummy load's weights follow it)
         self._seeds = torch.Generator().manual_seed(config.seed)  # unseeded requests' seeds
         dtype = resolve_dtype(config.dtype, self.model_config, config.device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -88,11 +89,26 @@ def check_before_loading(config: EngineConfig, model_config: ModelConfig) -> Non
         )
 
 
-def load_tokenizer(path: str | Path):
-    """The checkpoint's tokenizer through transformers, or None when the directory has none. A tokenizer
-    that does not load raises ``ConfigError`` naming the file that is not valid JSON, else the directory."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(path: str | Path, given: bool = False):
+    """The checkpoint's tokenizer through transformers, or None when the directory has none (``given``: the
+    directory was given as the tokenizer's, ``EngineConfig.tokenizer``: it must hold one). A tokenizer file that is
+    a broken symbolic link (a copy of the zoo without ``cp -L``) is named. A tokenizer that does not load raises
+    ``ConfigError`` naming the file that is not valid JSON, else the directory."""
     path = Path(path)
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+    for name in TOKENIZER_FILES:
+        if (path / name).is_symlink() and not (path / name).exists():
+            raise ConfigError(
+                f"{path / name} is a broken symbolic link (to {os.readlink(path / name)}): copy the "
+                "checkpoint with its links followed (cp -L)"
+            )
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        if given:
+            raise ConfigError(
+                f"EngineConfig.tokenizer={str(path)!r} is invalid: no {', '.join(TOKENIZER_FILES)} there"
+            )
         return None
     from transformers import AutoTokenizer
 

@@ -166,7 +166,9 @@ class AsyncEngine:
         self.engine = engine if engine is not None else LLMEngine(config, progress=progress)
         self.engine.stream_outputs = True
         # NOTE: the HTTP side tokenizes with its own tokenizer instance, never the engine's.
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.tokenizer = load_tokenizer(
+            config.tokenizer or config.model, given=bool(config.tokenizer)
+        )
         self.max_model_len = self.engine.max_model_len
         self.vocab_size = self.engine.model_config.vocab_size
         self.max_num_seqs = config.max_num_seqs

@@ -153,6 +153,24 @@ def test_a_tokenizer_transformers_cannot_load_names_its_directory(tmp_path):
         LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
 
 
+def test_a_broken_tokenizer_link_and_a_tokenizer_directory_without_one_are_named(tmp_path):
+    """The zoo's tokenizer.json files are symbolic links: a copy without ``cp -L`` keeps them broken, which read as
+    "no tokenizer"; and ``EngineConfig.tokenizer`` naming a directory without one was taken as the model having
+    none (found by fuzzing the loader)."""
+    path = tmp_path / "tinyds"
+    shutil.copytree(ZOO / "tinyds", path, symlinks=True)
+    assert (path / "tokenizer.json").is_symlink() and not (path / "tokenizer.json").exists()
+    with pytest.raises(
+        ConfigError, match=re.escape(f"{path / 'tokenizer.json'} is a broken symbolic link")
+    ):
+        LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
+    with pytest.raises(ConfigError, match=re.escape(f"EngineConfig.tokenizer={str(tmp_path)!r}")):
+        LLMEngine(
+            EngineConfig(model=str(ZOO / "tinypy"), tokenizer=str(tmp_path), device="cpu"),
+            progress=False,
+        )
+
+
 def test_a_draft_tokenizer_file_that_is_no_json_is_named(tmp_path):
     """A draft model's tokenizer.json (compared with the target's) and the target's tokenizer files a
     DFlash draft reads its mask token from."""
