@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 
 from outpace.attention.backend import AttentionBackend
 
@@ -28,6 +29,15 @@ def resolve_backend_name(requested: str, device: str) -> str:
         raise ValueError(
             "attention_backend='triton' needs the triton package, which is not installed "
             "(pip install triton, or use attention_backend 'torch')"
+        )
+    if (
+        requested == "triton"
+        and not device.startswith("cuda")
+        and os.environ.get("TRITON_INTERPRET") != "1"
+    ):
+        raise ValueError(
+            f"attention_backend='triton' is invalid on device {device!r}: its kernels run on CUDA (or in "
+            "Triton's interpreter, TRITON_INTERPRET=1); use attention_backend 'torch'"
         )
     return requested
 
