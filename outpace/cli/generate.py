@@ -50,6 +50,10 @@ def run(a: argparse.Namespace) -> None:
     # (closed here, not at interpreter exit: the other ranks of a torchrun launch are released in order)
     with LLM(a.model, **engine_kwargs(a)) as llm:
         out = llm.generate([prompt], params)[0]
+    if (
+        out.finish_reason == "error"
+    ):  # (the engine ends a request that fails alone: it is this command's only one)
+        sys.exit(f"error: the request failed: {out.error}")
     spec = out.spec_metrics
     if a.json:
         row = {

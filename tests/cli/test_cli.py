@@ -154,3 +154,17 @@ def test_non_editable_install_finds_the_zoo(tmp_path):
     )
     assert Path(run.stdout.strip()) == target / "outpace" / "zoo" / "tinypy"
     assert (target / "outpace" / "zoo" / "tinypy-eagle3" / "model.safetensors").is_file()
+
+
+def test_a_request_that_fails_ends_the_command_with_its_error(llama_dir, monkeypatch):
+    """It printed an empty output and exited 0 (found by fuzzing the loader)."""
+    from outpace.engine.runner import ModelRunner
+
+    def fail(self, batch, closed=False):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(ModelRunner, "execute", fail)
+    argv = ["generate", str(llama_dir), "--device", "cpu", "--prompt-token-ids", "5", "6"]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert str(e.value.code).startswith("error: the request failed: RuntimeError: injected failure")
