@@ -182,7 +182,7 @@ class ModelConfig:
             if name not in values:
                 values[name] = read(fields, values)
         quantization = fields.get("quantization_config")
-        return cls(
+        cfg = cls(
             architecture=arch,
             **values,
             layer_windows=family.layer_windows(fields, values["num_hidden_layers"]),
@@ -191,6 +191,10 @@ class ModelConfig:
             else parse_quantization_config(quantization, source),
             raw=fields.data,
         )
+        # the tables of layers/rotary.py span head_dim (a partial rotary family checks the width it rotates)
+        if cfg.head_dim % 2 and not family.partial_rotary:
+            raise fields.fail("head_dim", cfg.head_dim, "even (RoPE rotates pairs of dimensions)")
+        return cfg
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
@@ -238,13 +242,37 @@ def _rope_theta(fields: ConfigFields) -> float:
     return float(fields.number("rope_theta", 10000.0, positive=True))
 
 
-def _rope_scaling(fields: ConfigFields) -> dict | None:
-    """The rope_parameters dict when its rope_type is not the default (__post_init__ checks it)."""
+# rope_type -> the numbers > 0 that layers/rotary.py reads without a default (transformers validate_rope requires
+# them too)
+ROPE_FACTORS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "yarn": ("factor",),
+}
+# YaRN's optional numbers (transformers _compute_yarn_parameters; a beta of 0 is its default, 32 or 1)
+YARN_NUMBERS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor")
+
+
+def _rope_scaling(fields: ConfigFields, max_positions: int) -> dict | None:
+    """The rope_parameters dict when its rope_type is not the default (__post_init__ checks the rope_type), the
+    fields layers/rotary.py reads checked; llama3 and yarn without ``original_max_position_embeddings`` get
+    ``max_positions`` (transformers standardize_rope_params)."""
     params = _rope_parameters(fields)
     if params is None:
         return None
     kind = params.get("rope_type", params.get("type", "default"))
-    return None if kind == "default" else params.data
+    if kind == "default":
+        return None
+    for key in ROPE_FACTORS.get(kind, ()):
+        params.number(key, positive=True)
+    for key in YARN_NUMBERS if kind == "yarn" else ():
+        value = params.number(key, None)
+        if key.startswith("beta") and value is not None and value < 0:
+            raise params.fail(key, value, "a number >= 0")
+    if kind not in ("llama3", "yarn"):
+        return params.data
+    length = params.number("original_max_position_embeddings", max_positions, positive=True)
+    return {**params.data, "original_max_position_embeddings": length}
 
 
 def _query_scaling(fields: ConfigFields) -> tuple[float, int] | None:
@@ -285,7 +313,7 @@ COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
     "max_position_embeddings": lambda f, _: f.integer("max_position_embeddings", 4096),
     "rms_norm_eps": lambda f, _: float(f.number("rms_norm_eps", 1e-6, positive=True)),
     "rope_theta": lambda f, _: _rope_theta(f),
-    "rope_scaling": lambda f, _: _rope_scaling(f),
+    "rope_scaling": lambda f, read: _rope_scaling(f, read["max_position_embeddings"]),
     "query_scaling": lambda f, _: _query_scaling(f),
     "tie_word_embeddings": lambda f, _: f.boolean("tie_word_embeddings", False),
     "hidden_act": lambda f, _: f.string("hidden_act", "silu"),
