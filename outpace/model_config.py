@@ -285,7 +285,8 @@ def _query_scaling(fields: ConfigFields) -> tuple[float, int] | None:
     return beta, params.integer("original_max_position_embeddings", minimum=1)
 
 
-def _eos_token_ids(fields: ConfigFields) -> tuple[int, ...]:
+def eos_token_ids_of(fields: ConfigFields) -> tuple[int, ...]:
+    """``eos_token_id`` of a config.json or generation_config.json: an id or a list of them."""
     eos = fields.get("eos_token_id")
     if eos is None or isinstance(eos, list):
         return tuple(fields.integers("eos_token_id") or ())
@@ -318,7 +319,7 @@ COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
     "tie_word_embeddings": lambda f, _: f.boolean("tie_word_embeddings", False),
     "hidden_act": lambda f, _: f.string("hidden_act", "silu"),
     "torch_dtype": lambda f, _: _torch_dtype(f),
-    "eos_token_ids": lambda f, _: _eos_token_ids(f),
+    "eos_token_ids": lambda f, _: eos_token_ids_of(f),
     "num_nextn_predict_layers": lambda f, _: f.integer("num_nextn_predict_layers", 0, minimum=0),
     "chain_mtp_hidden_states": lambda f, _: f.boolean("chain_mtp_hidden_states", False),
 }

@@ -153,7 +153,7 @@ class LLMEngine:
         if not config.kv_blocks_from_memory:  # (a fixed pool: no request reaches past it)
             rows = min(rows, self.pool.num_blocks * config.block_size)
         self.choosers = build_choosers(shapes, self.ranks.group)
-        self.eos_token_ids = eos_token_ids(self.model_config, self.tokenizer)
+        self.eos_token_ids = eos_token_ids(self.model_config, self.tokenizer, config.model)
         self.grammars = GrammarTable(
             GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         )

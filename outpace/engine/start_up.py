@@ -41,13 +41,13 @@ from outpace.engine.runner import ModelRunner
 from outpace.engine.step_key import SamplingMode
 from outpace.layers.moe import experts_off_the_kernels
 from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
-from outpace.model_config import ModelConfig
+from outpace.model_config import ModelConfig, eos_token_ids_of
 from outpace.models.loader import load_model
 from outpace.registry import proposer_class
 from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, Proposer, draft_shapes
 from outpace.threads import configure_threads
-from outpace.validation import ConfigError, read_json_object
+from outpace.validation import ConfigError, ConfigFields, read_json_object
 
 logger = logging.getLogger("outpace.engine")
 
@@ -125,9 +125,15 @@ def load_tokenizer(path: str | Path, given: bool = False):
         ) from error
 
 
-def eos_token_ids(model_config: ModelConfig, tokenizer) -> set[int]:
-    """The tokens that end a request: the model's, and the tokenizer's when it names one."""
+def eos_token_ids(model_config: ModelConfig, tokenizer, model_dir: str | Path) -> set[int]:
+    """The tokens that end a request: config.json's, generation_config.json's (transformers' ``generate`` and vLLM
+    stop on those too, and an instruct model's end of turn may be there alone: Meta-Llama-3-8B-Instruct's adds
+    <|eot_id|> 128009 to config.json's 128001), and the tokenizer's when it names one."""
     ids = set(model_config.eos_token_ids)
+    generation = Path(model_dir) / "generation_config.json"
+    if generation.is_file():
+        fields = ConfigFields(read_json_object(generation), str(generation))
+        ids.update(eos_token_ids_of(fields))
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return ids

@@ -171,6 +171,24 @@ def test_a_broken_tokenizer_link_and_a_tokenizer_directory_without_one_are_named
         )
 
 
+def test_generation_config_eos_ids_end_a_request_too(tmp_path):
+    """transformers' generate and vLLM stop on generation_config.json's eos_token_id as well as config.json's (an
+    instruct model's end of turn may be listed there alone); it was never read (found by fuzzing the loader). An
+    id it gives that is not an integer is named with the file."""
+    from outpace import LLM, SamplingParams
+
+    path = copy_zoo("tinypy", tmp_path)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    plain = LLM(str(path), device="cpu").generate([[5, 6, 7]], params)[0].token_ids
+    stop = next(t for t in plain[2:] if t not in plain[:2])  # a token first sampled third or later
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, stop]}))
+    out = LLM(str(path), device="cpu").generate([[5, 6, 7]], params)[0]
+    assert out.token_ids == plain[: plain.index(stop) + 1] and out.finish_reason == "stop"
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": ["x"]}))
+    with pytest.raises(ConfigError, match=re.escape(f"{path / 'generation_config.json'}")):
+        LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
+
+
 def test_a_draft_tokenizer_file_that_is_no_json_is_named(tmp_path):
     """A draft model's tokenizer.json (compared with the target's) and the target's tokenizer files a
     DFlash draft reads its mask token from."""
