@@ -8,6 +8,7 @@ from torch import nn
 from outpace.attention.kv_quant import is_fp8
 from outpace.attention.layer import PagedCacheLayer
 from outpace.cache.block_pool import BlockPool
+from outpace.validation import ConfigError
 
 
 def bind_kv_cache(
@@ -22,12 +23,22 @@ def bind_kv_cache(
     KV there. ``dtype`` float8_e4m3fn makes an FP8 cache (attention/kv_quant.py): the layers then store
     and read it with their scales (cache/kv_scales.py loads a checkpoint's).
     """
+    try:
+        caches = [
+            module.bind_cache(pool.num_blocks + 1, pool.block_size, dtype, device)
+            for module in model.modules()
+            if isinstance(module, PagedCacheLayer)
+        ]
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not isinstance(e, torch.OutOfMemoryError) and "allocate" not in str(e):
+            raise
+        raise ConfigError(
+            f"a KV cache of {pool.num_blocks} blocks of {pool.block_size} tokens does not fit the memory of "
+            f"device {str(device)!r} ({str(e).splitlines()[0]}): lower EngineConfig.num_kv_blocks "
+            "(--num-kv-blocks) or block_size, or where the pool is sized from memory its memory utilization"
+        ) from None
     pool._bound.append((model, dtype, device))
-    return [
-        module.bind_cache(pool.num_blocks + 1, pool.block_size, dtype, device)
-        for module in model.modules()
-        if isinstance(module, PagedCacheLayer)
-    ]
+    return caches
 
 
 def bound_caches(model: nn.Module) -> list[tuple[torch.Tensor, ...]]:

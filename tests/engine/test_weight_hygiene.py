@@ -189,6 +189,24 @@ def test_generation_config_eos_ids_end_a_request_too(tmp_path):
         LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
 
 
+def test_a_kv_cache_that_does_not_fit_memory_names_the_pool(monkeypatch):
+    """--num-kv-blocks 100000000 failed inside torch's allocator (found by fuzzing the loader): the allocation's
+    failure, here injected, names the pool's size and the fields to change."""
+    from outpace.attention.layer import Attention
+
+    def no_memory(self, *args):
+        raise RuntimeError(
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 819 GB"
+        )
+
+    monkeypatch.setattr(Attention, "bind_cache", no_memory)
+    config = EngineConfig(model=str(ZOO / "tinypy"), device="cpu", num_kv_blocks=4096)
+    with pytest.raises(
+        ConfigError, match="KV cache of 4096 blocks of .* EngineConfig.num_kv_blocks"
+    ):
+        LLMEngine(config, progress=False)
+
+
 def test_a_draft_tokenizer_file_that_is_no_json_is_named(tmp_path):
     """A draft model's tokenizer.json (compared with the target's) and the target's tokenizer files a
     DFlash draft reads its mask token from."""

@@ -486,10 +486,8 @@ def test_unimplemented_deepseek_values_are_refused_by_name(arch):
     refused({**base, "scoring_func": "softmax" if v3 else "sigmoid"}, "scoring_func")
     refused({**base, "topk_method": "greedy" if v3 else "noaux_tc"}, "topk_method")
     refused({**base, "moe_layer_freq": 0}, "moe_layer_freq", "0")
-    refused(
-        {**base, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}},
-        "original_max_position_embeddings",
-    )
+    # (yarn without original_max_position_embeddings reads it as max_position_embeddings, as transformers'
+    # standardize_rope_params fills it in: tests/models/test_rope_config_checks.py)
     refused(
         {**base, "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0}},
         "longrope",
