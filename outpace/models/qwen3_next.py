@@ -174,6 +174,16 @@ class Qwen3NextConfig:
             0 < rotary_dim <= cfg.head_dim and rotary_dim % 2 == 0,
             f"a factor giving an even number of rotated dimensions in (0, head_dim={cfg.head_dim}]",
         )
+        # Qwen's hub configs carry these two (transformers' config classes read neither): the gated attention
+        # output and MTP layers sharing the target's embedding are what outpace implements
+        for field, implemented in (
+            ("attn_output_gate", True),
+            ("mtp_use_dedicated_embeddings", False),
+        ):
+            given = raw.get(field, implemented)
+            require(
+                o, field, given, given is implemented, f"{implemented} or absent (not implemented)"
+            )
         qwen35_moe = cfg.architecture in QWEN35_MOE
         for field, value in QWEN35_MOE_FIXED.items() if qwen35_moe else ():
             given = raw[field]

@@ -141,3 +141,15 @@ def test_every_field_is_implemented_irrelevant_or_refused(arch):
     for name in sorted(set(base) & set(REFUSED)):
         with pytest.raises(ConfigError, match=name):
             built({**base, name: REFUSED[name]})
+
+
+@pytest.mark.parametrize("arch", [a for a in CONFIGS if a.startswith("Qwen")])
+def test_qwens_hub_only_fields_are_refused_where_they_ask_for_another_model(arch):
+    """Qwen's hub configs carry attn_output_gate and mtp_use_dedicated_embeddings, which transformers' config
+    classes do not read: their published values load, the others are refused by name (they loaded, computing the
+    gated attention and the shared embedding all the same; found by fuzzing the loader)."""
+    base = base_config(arch)
+    built({**base, "attn_output_gate": True, "mtp_use_dedicated_embeddings": False})
+    for name, value in (("attn_output_gate", False), ("mtp_use_dedicated_embeddings", True)):
+        with pytest.raises(ConfigError, match=f"{name}={value!r}"):
+            built({**base, name: value})
