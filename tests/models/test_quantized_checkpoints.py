@@ -166,6 +166,7 @@ def _set_quantization(path, **changes):
         ({"activation_scheme": "static"}, "activation_scheme"),
         ({"scale_fmt": "e8m0fnu"}, "scale_fmt"),
         ({"weight_block_size": [128]}, "weight_block_size"),
+        ({"weight_block_size": [True, 128]}, "weight_block_size"),  # (a bool is an int to Python)
         ({"kernel": "deepgemm"}, "kernel"),
         ({"weight_block_size": None, "scale_fmt": "ue8m0"}, "scale_fmt"),  # (per tensor)
         ({"weight_block_size": None, "activation_scheme": "per-token"}, "activation_scheme"),

@@ -181,7 +181,7 @@ def _fp8(fields: ConfigFields) -> QuantScheme:
     if not (
         isinstance(block, list)
         and len(block) == 2
-        and all(isinstance(b, int) and b > 0 for b in block)
+        and all(is_int(b) and b > 0 for b in block)  # (a bool is an int to Python)
     ):
         raise fields.fail(
             "weight_block_size",
