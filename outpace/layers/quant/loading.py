@@ -91,17 +91,18 @@ def quantize_modules(
         if not (isinstance(module, nn.Linear) or stacked) or not name:
             continue
         prefix = to_ckpt(f"{name}.weight").removesuffix(".weight")
-        scale = tensors.get(f"{prefix}.{fmt.scale_name}")
+        scale_key = f"{prefix}.{fmt.scale_name}"
+        scale = tensors.get(scale_key)
         if scale is None or f"{prefix}.{fmt.weight_name}" not in tensors:
             continue
         if scheme.excludes(prefix):
             raise ConfigError(
-                f"{scale[1]}: tensor {prefix}.{fmt.scale_name!r} quantizes module {prefix!r}, which "
+                f"{scale[1]}: tensor {scale_key!r} quantizes module {prefix!r}, which "
                 f"{scheme.exclude_field} keeps unquantized"
             )
         if stacked and not isinstance(fmt, Fp8Block):
             raise CheckpointError(
-                f"{scale[1].name}: tensor {prefix}.{fmt.scale_name!r} quantizes the stacked experts "
+                f"{scale[1].name}: tensor {scale_key!r} quantizes the stacked experts "
                 f"{prefix!r} in {scheme.description}: only block-FP8 stacks are implemented "
                 "(Step-3.5-Flash-FP8's layout)"
             )
