@@ -8,6 +8,7 @@ The model's own configuration is outpace/model_config.py; a request's, outpace/s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from outpace.validation import ConfigError, require, require_positive_int
@@ -217,6 +218,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         o = "EngineConfig"
+        require(
+            o,
+            "model",
+            self.model,
+            isinstance(self.model, (str, os.PathLike)),
+            "a checkpoint directory",
+        )
         require(
             o,
             "device",
