@@ -98,9 +98,8 @@ def test_invalid_engine_values_name_the_field():
     with pytest.raises(ConfigError, match="EngineConfig.speculative='eagle3'"):
         EngineConfig(model="x", speculative="eagle3")
     assert not EngineConfig(model="x", speculative=None).speculative.enabled  # vLLM's None
-    with pytest.raises(
-        ConfigError, match="EngineConfig.model=None"
-    ):  # (a TypeError from pathlib before)
+    # (a TypeError from pathlib before)
+    with pytest.raises(ConfigError, match="EngineConfig.model=None"):
         EngineConfig(model=None)
 
 
