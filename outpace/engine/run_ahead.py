@@ -17,9 +17,9 @@ A hybrid target's recurrent state (MBs a request) is not saved: the copy cost it
 step run ahead more than the host time it hid (plain decoding's step ms at batch 1 / 8 / 32 on the H200, saving
 it, against not running ahead: Qwen3.5 (49 MiB a request) 4.88 / 5.58 / 7.80 against 4.90 / 5.49 / 7.12,
 Nemotron-H-8B (97 MiB) 4.86 / 6.11 / 9.27 against 4.69 / 5.63 / 7.75; benchmarks/results/gpu_2026-11-30 call 1),
-so until now a batch whose state exceeded 512 MiB (Qwen3.5 past 10 requests, Nemotron-H past 5) did not run ahead
-and the host's time between its steps was the GPU's idle time. Instead nothing is ever restored there: the engine
-makes the batch after a step run ahead decode exactly the requests it ran for that are still running
+so before 2026-12-07 a batch whose state exceeded 512 MiB (Qwen3.5 past 10 requests, Nemotron-H past 5) did not
+run ahead and the host's time between its steps was the GPU's idle time. Instead nothing is ever restored there: the
+engine makes the batch after a step run ahead decode exactly the requests it ran for that are still running
 (``reconcile``). One the scheduler's token budget left out decodes all the same (its rows were reserved by the
 step run ahead); one that was not in the step waits for the next, and no step runs ahead of this one, so that the
 next batch is launched whole.
