@@ -56,14 +56,16 @@ hybrid)
   ;;
 hybrid-cost)
   if [ "${2:-}" = before ]; then
+    log=$OUT/run_ahead_before.log
     PYTHONPATH=.snap_before timeout 550 python3 benchmarks/scripts/run_ahead_cost.py $OUT/run_ahead_before.json \
-      qwen3.5 > $OUT/run_ahead_before.log 2>&1
+      qwen3.5 > $log 2>&1
   else
+    log=$OUT/run_ahead_after.log
     timeout 550 python3 benchmarks/scripts/run_ahead_cost.py $OUT/run_ahead_after.json qwen3.5 nemotron-h-8b \
-      > $OUT/run_ahead_after.log 2>&1
+      > $log 2>&1
   fi
-  echo "rc=$? after ${SECONDS}s" >> $OUT/run_ahead_*.log
-  grep -hE "run_ahead=|rc=|Error" $OUT/run_ahead_*.log
+  echo "rc=$? after ${SECONDS}s" >> $log
+  grep -hE "run_ahead=|rc=|Error" $log
   ;;
 hybrid-rounds)
   timeout 550 python3 benchmarks/scripts/closed_batch_rounds.py --family qwen35 --methods eagle3-tree \
