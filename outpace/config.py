@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from outpace.validation import ConfigError, require, require_positive_int
+from outpace.validation import ConfigError, is_finite_number, require, require_positive_int
 
 
 @dataclass(frozen=True)
@@ -135,6 +135,7 @@ def _resolve_device(device: str) -> str:
 
 
 CPU_KV_BLOCKS = 512  # the CPU pool without num_kv_blocks or cpu_memory_utilization
+GPU_MEMORY_UTILIZATION = 0.9  # the GPU's share without num_kv_blocks or gpu_memory_utilization
 
 
 @dataclass(frozen=True)
@@ -143,9 +144,11 @@ class EngineConfig:
 
     ``num_kv_blocks`` of ``block_size`` tokens each form the paged KV pool; None sizes it from memory
     (engine/memory.py; the start-up log says what was chosen): on CUDA the engine may use
-    ``gpu_memory_utilization`` of the GPU's memory in all (weights, activation workspace, CUDA graphs, state
-    slots, KV); on the CPU, with ``cpu_memory_utilization`` set, that share of the RAM still available once
-    the models are loaded, and without it ``CPU_KV_BLOCKS`` blocks (small runs and tests start at once).
+    ``gpu_memory_utilization`` (None: 0.9) of the GPU's memory in all (weights, activation
+    workspace, CUDA graphs, state slots, KV); on the CPU, with ``cpu_memory_utilization`` set, that
+    share of the RAM still available once the models are loaded, and without it ``CPU_KV_BLOCKS``
+    blocks (small runs and tests start at once). A utilization given where it cannot apply (beside
+    ``num_kv_blocks``, or for the other device) is refused.
     ``max_num_batched_tokens`` bounds the tokens of one forward (prefill is chunked to fit).
     ``enable_prefix_caching``: reuse full KV blocks across requests sharing a prefix (cache/prefix_cache.py);
     None turns it on wherever the models allow (not with recurrent drafts, whose state is not cached), True
@@ -161,7 +164,7 @@ class EngineConfig:
     seed: int = 0
     block_size: int = 16
     num_kv_blocks: int | None = None
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float | None = None  # None: 0.9 (GPU_MEMORY_UTILIZATION) on CUDA
     cpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
     num_state_checkpoints: int | None = None
@@ -210,11 +213,52 @@ class EngineConfig:
         return max(self.tensor_parallel_size, self.expert_parallel_size)
 
     @property
+    def memory_utilization_field(self) -> str:
+        """The field whose share of memory sizes the KV pool on this device."""
+        return (
+            "gpu_memory_utilization" if self.device.startswith("cuda") else "cpu_memory_utilization"
+        )
+
+    @property
+    def memory_utilization(self) -> float | None:
+        """The share of memory the KV pool is sized from (class docstring); None: a fixed pool."""
+        if self.num_kv_blocks is not None:
+            return None
+        if self.device.startswith("cuda"):
+            given = self.gpu_memory_utilization
+            return GPU_MEMORY_UTILIZATION if given is None else given
+        return self.cpu_memory_utilization
+
+    @property
     def kv_blocks_from_memory(self) -> bool:
         """Whether the engine sizes the KV pool from memory (the class docstring)."""
-        return self.num_kv_blocks is None and (
-            self.device.startswith("cuda") or self.cpu_memory_utilization is not None
-        )
+        return self.memory_utilization is not None
+
+    def _check_memory_utilization(self) -> None:
+        """Each utilization given is a fraction in (0, 1] and sizes the pool: refused beside
+        ``num_kv_blocks`` (which fixes its size) and on the device it is not for, never unused."""
+        for name in ("gpu_memory_utilization", "cpu_memory_utilization"):
+            value = getattr(self, name)
+            require(
+                "EngineConfig",
+                name,
+                value,
+                value is None or (is_finite_number(value) and 0 < value <= 1),
+                "a fraction in (0, 1]",
+            )
+            if value is None:
+                continue
+            if self.num_kv_blocks is not None:
+                raise ConfigError(
+                    f"EngineConfig.num_kv_blocks={self.num_kv_blocks} and "
+                    f"EngineConfig.{name}={value!r} both size the KV pool: give one"
+                )
+            if name != self.memory_utilization_field:
+                raise ConfigError(
+                    f"EngineConfig.{name}={value!r} does not apply on device={self.device!r}: the "
+                    f"pool there is sized by EngineConfig.{self.memory_utilization_field} (or "
+                    f"num_kv_blocks)"
+                )
 
     def __post_init__(self) -> None:
         o = "EngineConfig"
@@ -253,20 +297,7 @@ class EngineConfig:
             require_positive_int(o, name, getattr(self, name))
         if self.num_kv_blocks is not None:
             require_positive_int(o, "num_kv_blocks", self.num_kv_blocks)
-        for name in ("gpu_memory_utilization", "cpu_memory_utilization"):
-            value = getattr(self, name)
-            require(
-                o,
-                name,
-                value,
-                (value is None and name.startswith("cpu"))
-                or (
-                    isinstance(value, (int, float))
-                    and not isinstance(value, bool)
-                    and 0 < value <= 1
-                ),
-                "a fraction in (0, 1]",
-            )
+        self._check_memory_utilization()
         require(
             o,
             "enable_prefix_caching",

@@ -42,9 +42,9 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     p.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.9,
-        help="share of the GPU's memory the engine may use in all (weights, activations, CUDA "
-        "graphs, KV cache); the KV cache gets what is left",
+        default=None,
+        help="on a GPU, share of its memory the engine may use in all (weights, activations, CUDA "
+        "graphs, KV cache; default 0.9); the KV cache gets what is left",
     )
     p.add_argument(
         "--cpu-memory-utilization",

@@ -11,9 +11,10 @@ for one prefill forward, then measures, as vLLM's profile run does (vllm/v1/work
   of the process's peak resident memory over it (an over-estimate when an earlier peak was higher),
 - CUDA graphs: captured after the pool exists, so estimated as the workspace of a forward of the
   largest captured batch's tokens (in proportion to the prefill's), and measured after capture,
-and gives the rest of the budget (``gpu_memory_utilization`` of the GPU's memory, ``cpu_memory_utilization``
-of the available RAM) to KV blocks, each costing the target's and the drafter's rows for ``block_size``
-tokens. The pool never takes more blocks than ``max_num_seqs`` requests of the longest context fill.
+and gives the rest of the budget (``EngineConfig.memory_utilization``: ``gpu_memory_utilization``,
+0.9 by default, of the GPU's memory; ``cpu_memory_utilization`` of the available RAM) to KV blocks,
+each costing the target's and the drafter's rows for ``block_size`` tokens. The pool never takes
+more blocks than ``max_num_seqs`` requests of the longest context fill.
 With tensor parallelism every rank takes the smallest count any rank found (their schedules must agree).
 """
 

@@ -39,7 +39,7 @@ from outpace.engine.memory import (
 from outpace.engine.prefill_graphs import key_tokens, prefill_buckets
 from outpace.engine.runner import ModelRunner
 from outpace.engine.step_key import SamplingMode
-from outpace.layers.moe import experts_off_the_kernels
+from outpace.layers.moe import RoutedExperts, experts_off_the_kernels
 from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.model_config import ModelConfig, eos_token_ids_of
 from outpace.models.loader import load_model
@@ -152,14 +152,30 @@ def refuse_experts_off_the_kernels(model: torch.nn.Module) -> None:
         )
 
 
+def refuse_expert_parallel_without_experts(config: EngineConfig, model: torch.nn.Module) -> None:
+    """Expert parallelism places routed experts over its ranks: a model with none (a dense one)
+    would have each rank run the whole model for nothing. Every rank builds the same model and so
+    refuses it alike, leaving no rank waiting for another in a collective."""
+    if config.expert_parallel_size > 1 and not any(
+        isinstance(m, RoutedExperts) for m in model.modules()
+    ):
+        raise ConfigError(
+            f"EngineConfig.expert_parallel_size={config.expert_parallel_size} is invalid: the "
+            f"model in {config.model} has no routed experts (a dense model) to place over its "
+            f"ranks; use expert_parallel_size 1 (tensor_parallel_size shards a dense model)"
+        )
+
+
 def load_target(
     config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, progress: bool
 ) -> torch.nn.Module:
-    """The target model, its weights reported; refused when CUDA graphs could not hold its experts; on the
-    CPU, the thread count set for its size."""
+    """The target model, its weights reported; refused when it has no experts for expert
+    parallelism, or when CUDA graphs could not hold its experts; on the CPU, the thread count set
+    for its size."""
     model = load_model(
         config.model, dtype, config.device, progress=progress, load_format=config.load_format
     )
+    refuse_expert_parallel_without_experts(config, model)
     report(weights_summary(model, model_config.quantization), progress)
     if config.device.startswith("cuda") and config.cuda_graphs:
         refuse_experts_off_the_kernels(model)
@@ -284,14 +300,12 @@ def size_kv_pool(
 ) -> MemoryPlan:
     """Size the pool from memory (engine/memory.py), every rank taking the same count, and say what was
     chosen. ``reserved``: the rows past a request's context kept for its drafts."""
-    cuda = runner.device.type == "cuda"
-    utilization = config.gpu_memory_utilization if cuda else config.cpu_memory_utilization
     context = (config.max_model_len or max_pos) + reserved
     plan = plan_kv_pool(
         runner,
         pool,
         runner.device,
-        utilization,
+        config.memory_utilization,
         _profile_tokens(config, max_pos),
         _graph_tokens(config, decode_tokens),
         config.max_num_seqs * pool.blocks_needed(context),
@@ -301,7 +315,7 @@ def size_kv_pool(
         plan,
         pool.blocks_needed(2 + reserved),
         config.block_size,
-        "gpu_memory_utilization" if cuda else "cpu_memory_utilization",
+        config.memory_utilization_field,
     )
     resize_kv_pool(runner, pool, plan.num_blocks)
     report(plan.summary(config.block_size), progress)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from outpace.cli import main, parse_args
+from outpace.cli.engine_args import engine_kwargs
 from outpace.config import EngineConfig
 from outpace.validation import ConfigError
 from outpace.zoo import default_model
@@ -56,6 +57,30 @@ def test_cuda_without_cuda_is_one_line(llama_dir, capsys):
         str(e.value.code).startswith("error: EngineConfig.device='cuda' is invalid")
         and "\n" not in e.value.code
     )
+
+
+def test_memory_utilization_flags_that_cannot_apply_are_refused(llama_dir):
+    """--gpu-memory-utilization defaults to unset (0.9 on a GPU), so that one given is never
+    silently unused: on the CPU, or beside --num-kv-blocks."""
+    a = parse_args(["generate", str(llama_dir), "--prompt", "x"])
+    assert engine_kwargs(a)["gpu_memory_utilization"] is None
+    prompt = ["--prompt-token-ids", "1", "--max-tokens", "1"]
+    refusals = {
+        "EngineConfig.gpu_memory_utilization=0.5 does not apply on device='cpu'": [
+            "--gpu-memory-utilization",
+            "0.5",
+        ],
+        "EngineConfig.num_kv_blocks=8 and EngineConfig.cpu_memory_utilization=0.5 both size": [
+            "--num-kv-blocks",
+            "8",
+            "--cpu-memory-utilization",
+            "0.5",
+        ],
+    }
+    for message, flags in refusals.items():
+        with pytest.raises(SystemExit) as e:
+            main(["generate", str(llama_dir), "--device", "cpu", *flags, *prompt])
+        assert str(e.value.code).startswith(f"error: {message}")
 
 
 def test_token_id_prompt_for_a_model_without_tokenizer(llama_dir, capsys):

@@ -100,6 +100,44 @@ def test_bad_fields_are_refused_by_name(field, value):
         EngineConfig(model="x", **{field: value})
 
 
+@pytest.mark.parametrize("field", ["gpu_memory_utilization", "cpu_memory_utilization"])
+def test_a_utilization_beside_num_kv_blocks_is_refused_naming_both(field):
+    with pytest.raises(
+        ConfigError,
+        match=rf"EngineConfig.num_kv_blocks=8 and EngineConfig.{field}=0.5 both size the KV pool: "
+        r"give one",
+    ):
+        EngineConfig(model="x", num_kv_blocks=8, **{field: 0.5})
+
+
+def test_a_utilization_for_the_other_device_is_refused_naming_both(monkeypatch):
+    """Checked on the resolved device: 'auto' that means CUDA refuses cpu_memory_utilization too."""
+    with pytest.raises(
+        ConfigError,
+        match=r"EngineConfig.gpu_memory_utilization=0.5 does not apply on device='cpu': .*"
+        r"EngineConfig.cpu_memory_utilization",
+    ):
+        EngineConfig(model="x", device="cpu", gpu_memory_utilization=0.5)
+    monkeypatch.setattr("outpace.config.default_device", lambda: "cuda")
+    with pytest.raises(
+        ConfigError,
+        match=r"EngineConfig.cpu_memory_utilization=0.5 does not apply on device='cuda': .*"
+        r"EngineConfig.gpu_memory_utilization",
+    ):
+        EngineConfig(model="x", cpu_memory_utilization=0.5)
+
+
+def test_the_gpu_share_defaults_to_0_9_on_cuda_only(monkeypatch):
+    cpu = EngineConfig(model="x")
+    assert cpu.gpu_memory_utilization is None and not cpu.kv_blocks_from_memory
+    assert EngineConfig(model="x", cpu_memory_utilization=0.5).memory_utilization == 0.5
+    monkeypatch.setattr("outpace.config.default_device", lambda: "cuda")
+    cuda = EngineConfig(model="x")
+    assert cuda.memory_utilization == 0.9 and cuda.kv_blocks_from_memory
+    assert EngineConfig(model="x", gpu_memory_utilization=0.5).memory_utilization == 0.5
+    assert not EngineConfig(model="x", num_kv_blocks=8).kv_blocks_from_memory
+
+
 def test_the_cpu_default_is_a_fixed_pool(llama_dir):
     llm = LLM(str(llama_dir))
     assert llm.engine.memory_plan is None and llm.engine.pool.num_blocks == 512
