@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import abc
 import itertools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -46,6 +47,7 @@ from outpace.checkpoint import CheckpointError, checkpoint_tensor_names
 from outpace.layers.sampler import SamplingTensors, random_keys
 from outpace.request import DRAWS
 from outpace.speculative.verify import VerifyResult
+from outpace.validation import ConfigError
 
 
 @dataclass(frozen=True)
@@ -429,9 +431,33 @@ class Proposer(abc.ABC):
     def __init__(
         self, spec, pool, max_requests: int, device: str, attention_backend: str = "torch"
     ) -> None:
+        self.check_draft_field(spec)
         self.spec, self.pool, self.device = spec, pool, torch.device(device)
         self.max_requests = max_requests  # request indices 0 .. max_requests (the last: padding)
         self.backend = get_backend(attention_backend)
+
+    @classmethod
+    def check_draft_field(cls, spec) -> None:
+        """Refuse ``SpeculativeConfig.draft`` where this drafter loads no draft checkpoint (it would be ignored),
+        and where it plainly is no draft checkpoint of this drafter (``draft_checkpoint_problem``): the API's
+        counterpart of the CLI's checks of --draft (cli/speculative_args.py ``draft_checkpoint``)."""
+        if spec.draft is None:
+            return
+        where = f"SpeculativeConfig.draft={str(spec.draft)!r} is invalid"
+        if not cls.takes_draft_checkpoint:
+            raise ConfigError(
+                f"{where}: method {spec.method!r} loads no draft checkpoint (leave draft None)"
+            )
+        if not isinstance(spec.draft, (str, os.PathLike)):
+            raise ConfigError(f"{where}: must be a directory path")
+        draft = Path(spec.draft)
+        if not draft.is_dir():
+            raise ConfigError(f"{where}: no such directory")
+        problem = cls.draft_checkpoint_problem(draft)
+        if problem is not None:
+            raise ConfigError(
+                f"{where}: it is no draft checkpoint of method {spec.method!r}: {problem}"
+            )
 
     @property
     @abc.abstractmethod

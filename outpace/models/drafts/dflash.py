@@ -49,7 +49,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.llama import build_rotary
 from outpace.models.loader import default_dtype
-from outpace.validation import ConfigError, read_json_object
+from outpace.validation import ConfigError, is_int, read_json_object
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,11 @@ class DFlashConfig:
                     f"DFlash config has no {name} (looked in dflash_config and at the top level): "
                     f"not a DFlash draft checkpoint?"
                 )
+            if name in dflash and cfg.get(name) is not None and cfg[name] != dflash[name]:
+                raise ConfigError(
+                    f"{source}: dflash_config.{name}={dflash[name]!r} and the top level's "
+                    f"{name}={cfg[name]!r} disagree"
+                )
             return value
 
         block_size, mask_token_id, ids = (
@@ -83,13 +88,13 @@ class DFlashConfig:
                 f"DFlashConfig.block_size={block_size!r} is invalid: must be an integer >= 2 "
                 "(the bonus token and at least one mask)"
             )
-        if (
-            not isinstance(ids, (list, tuple))
-            or not ids
-            or not all(isinstance(i, int) for i in ids)
-        ):
+        if not isinstance(ids, (list, tuple)) or not ids or not all(is_int(i) for i in ids):
             raise ConfigError(
                 f"DFlashConfig.target_layer_ids={ids!r} is invalid: must be a non-empty list of ints"
+            )
+        if not is_int(mask_token_id):
+            raise ConfigError(
+                f"DFlashConfig.mask_token_id={mask_token_id!r} is invalid: must be an integer token id"
             )
         # Qwen3-style layers: per-head q/k RMSNorm (ModelConfig derives qk_norm from the architecture).
         layer = ModelConfig.from_dict({**cfg, "architectures": ["Qwen3ForCausalLM"]}, source)
@@ -304,6 +309,11 @@ def load_dflash_draft(
         problems.append(
             f"target_layer_ids {list(cfg.target_layer_ids)} name layers {bad} that the target does not "
             f"have (ids mean 'output of layer X'; the target has {L} layers: 0 .. {L - 1})"
+        )
+    if cfg.layer.layer_windows:
+        problems.append(
+            f"its layers slide (windows {list(cfg.layer.layer_windows)}, from use_sliding_window / "
+            "sliding_window / layer_types): sliding-window DFlash draft layers are not implemented"
         )
     if cfg.num_target_layers is not None and cfg.num_target_layers != L:
         problems.append(f"num_target_layers {cfg.num_target_layers} != the target's {L} layers")

@@ -42,7 +42,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from outpace.checkpoint import checkpoint_tensor_names, load_checkpoint
+from outpace.checkpoint import (
+    checkpoint_files,
+    checkpoint_tensor_names,
+    load_checkpoint,
+    open_shard,
+)
 from outpace.layers.decoder import DecoderAttention, GatedMLP
 from outpace.layers.embedding import LMHead, VocabEmbedding, vocab_shard_of
 from outpace.layers.fused_decoder import (
@@ -86,6 +91,12 @@ class Eagle3Config:
         if "speculators_model_type" in cfg:
             cfg = _flatten_speculators(cfg)
         fields = ConfigFields(cfg, source)
+        # NOTE: one decoder layer, as SGLang's and vLLM's LlamaForCausalLMEagle3 (which refuse any other count)
+        layers = fields.integer("num_hidden_layers", 1)
+        if layers != 1:
+            raise fields.fail(
+                "num_hidden_layers", layers, "1 (an EAGLE3 draft is one decoder layer)"
+            )
         layer = ModelConfig.from_dict(
             {**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}, source
         )
@@ -289,10 +300,13 @@ class Eagle3Draft(nn.Module):
         """Borrow the target's embedding (its unscaled rows: ``embed_scale`` applies) and head, each
         when the draft has none. Under tensor parallelism the draft's embedding is vocab-parallel: a target
         table kept whole on every rank (Gemma) is handed over as this rank's rows, and a head tied to it is
-        rebound to those rows (layers/embedding.py ``vocab_shard_of``)."""
+        rebound to those rows (layers/embedding.py ``vocab_shard_of``). A draft whose config ties its head
+        (``tie_word_embeddings``: SGLang's LlamaForCausalLMEagle3 reads its embedding as its head) and that has
+        neither of its own predicts through the borrowed embedding's rows, whether or not the target ties."""
         table, head = target.model.embed_tokens, target.lm_head
         rows = vocab_shard_of(table)
-        if rows is not table and head.weight is table.weight:
+        tied = self.config.layer.tie_word_embeddings
+        if (rows is not table or tied) and (tied or head.weight is table.weight):
             head = LMHead(rows.embedding_dim, rows.vocab_size, tied_to=rows)
         self._borrowed = (
             None if hasattr(self, "embed_tokens") else UnscaledRows(rows),
@@ -340,6 +354,56 @@ class Eagle3Draft(nn.Module):
         return draft_ids + self.d2t[draft_ids]
 
 
+def tensor_shapes(draft_dir: Path, wanted: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the tensors ``wanted`` that the checkpoint in ``draft_dir`` holds (read from the
+    headers of safetensors shards; a ``.bin`` shard is loaded)."""
+    shapes = {}
+    for path in checkpoint_files(draft_dir):
+        with open_shard(path) as f:
+            for name in set(wanted) & set(f.keys()):
+                part = f.get_slice(name)
+                shapes[name] = tuple(part.get_shape() if hasattr(part, "get_shape") else part.shape)
+    return shapes
+
+
+def _checkpoint_problems(
+    cfg: Eagle3Config, names: set[str], shapes: dict[str, tuple[int, ...]], vocab_size: int
+) -> list[str]:
+    """What in the checkpoint's tensors contradicts its config.json (named by the field), or is missing."""
+    problems = []
+    fc = shapes.get("fc.weight")
+    if fc is not None and len(fc) == 2 and fc[1] != cfg.num_aux * cfg.target_hidden_size:
+        ids = list(cfg.aux_layer_ids) if cfg.aux_layer_ids else "absent (3 states)"
+        problems.append(
+            f"fc.weight reads {fc[1]} features, but eagle_aux_hidden_state_layer_ids {ids} x "
+            f"target_hidden_size {cfg.target_hidden_size} = {cfg.num_aux * cfg.target_hidden_size}"
+        )
+    for name in ("lm_head.weight", "d2t"):
+        shape = shapes.get(name)
+        if shape is not None and shape[:1] != (cfg.draft_vocab_size,):
+            problems.append(
+                f"draft_vocab_size {cfg.draft_vocab_size}, but {name} has shape {shape} "
+                f"({shape[0] if shape else 0} draft tokens)"
+            )
+    if cfg.draft_vocab_size != vocab_size and "d2t" not in names:
+        problems.append(
+            f"draft_vocab_size {cfg.draft_vocab_size} is not the target vocabulary {vocab_size}, and the "
+            f"checkpoint has no d2t tensor mapping draft ids to target ids"
+        )
+    tied = cfg.layer.tie_word_embeddings
+    if tied and "lm_head.weight" in names:
+        problems.append(
+            "tie_word_embeddings is true (the embedding is the head), but the checkpoint holds an "
+            "lm_head.weight of its own: which is the head is ambiguous (set it false to use lm_head.weight)"
+        )
+    elif tied and "embed_tokens.weight" in names:
+        problems.append(
+            "tie_word_embeddings is true with an embed_tokens.weight of the draft's own: a head tied to a "
+            "draft's own embedding is not implemented"
+        )
+    return problems
+
+
 def load_eagle3_draft(
     draft_dir: str | Path, target: nn.Module, dtype: torch.dtype, device: str
 ) -> Eagle3Draft:
@@ -352,7 +416,8 @@ def load_eagle3_draft(
         cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings)
     )
     names = checkpoint_tensor_names(draft_dir)
-    problems = []
+    shapes = tensor_shapes(draft_dir, ("fc.weight", "lm_head.weight", "d2t"))
+    problems = _checkpoint_problems(cfg, names, shapes, tcfg.vocab_size)
     if cfg.target_hidden_size != tcfg.hidden_size:
         problems.append(
             f"target_hidden_size {cfg.target_hidden_size} != target hidden_size {tcfg.hidden_size}"
@@ -404,10 +469,13 @@ def load_eagle3_draft(
             f"EAGLE3 draft {draft_dir}: its d2t map sends draft ids outside the target "
             f"vocabulary [0, {tcfg.vocab_size}) or two draft ids to one target id"
         )
-    if int(draft.t2d.sum()) != cfg.draft_vocab_size:
+    marked = torch.zeros_like(draft.t2d)
+    marked[target_ids] = True
+    # (t2d, which marks the target ids of the draft vocabulary, is read by no server; absent, it is all True)
+    if "t2d" in names and not torch.equal(marked, draft.t2d):
         raise DraftMismatchError(
-            f"EAGLE3 draft {draft_dir}: t2d marks {int(draft.t2d.sum())} target ids, "
-            f"draft_vocab_size is {cfg.draft_vocab_size}"
+            f"EAGLE3 draft {draft_dir}: its t2d marks other target ids ({int(draft.t2d.sum())} of them) "
+            f"than the {cfg.draft_vocab_size} its d2t maps the draft vocabulary to: d2t and t2d disagree"
         )
     draft.attach_target(target)
     return draft.eval()
