@@ -2,11 +2,12 @@
 load; safetensors, save.
 
 Loading checks every tensor against the model: a tensor the model lacks, a parameter the
-checkpoint lacks, a wrong shape, a dtype the parameter cannot take or a value that is not finite
-(weight_checks.py) each raise ``CheckpointError`` naming the tensor and the file. Before any tensor is
-read, every weight file is checked readable: an index that is no valid JSON or names a missing
-shard, an empty or truncated safetensors file, a ``.bin`` that is no PyTorch archive each raise
-``CheckpointError`` naming the file and what is wrong (headers only: milliseconds).
+checkpoint lacks, a wrong shape, a dtype the parameter cannot take, a value that is not finite or a
+quantization scale that is negative (weight_checks.py) each raise ``CheckpointError`` naming the
+tensor and the file. Before any tensor is read, every weight file is checked readable: an index that
+is no valid JSON or names a missing shard, an empty or truncated safetensors file, a ``.bin`` that is
+no PyTorch archive each raise ``CheckpointError`` naming the file and what is wrong (headers only:
+milliseconds).
 
 Tensor parallelism: a parameter marked with a ``shard`` (distributed/sharding.py ``Shard``) is this
 rank's part of the checkpoint tensor; only that part is read (safetensors ``get_slice`` reads the
@@ -242,8 +243,8 @@ def load_checkpoint(
     ``part``: only the parameters and buffers of that submodule (e.g. "mtp_layers") are loaded, and the
     checkpoint's other tensors are skipped unread.
 
-    Every tensor is checked for its dtype before the copy and for finite values after it
-    (weight_checks.py: one host sync for the whole load).
+    Every tensor is checked for its dtype before the copy and for finite values after it, a quantization
+    scale (``scale_names``) for negative ones too (weight_checks.py: one host sync for the whole load).
     """
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     wanted = (lambda name: True) if part is None else (lambda name: name.startswith(f"{part}."))
@@ -258,6 +259,7 @@ def load_checkpoint(
         for prefix, module in model.named_modules()
         for name in getattr(module, "checkpoint_tensors_elsewhere", list)()
     }
+    scales = scale_names(model)
     ignored = skips_tensor(model)
     seen: dict[str, str] = {}  # tensor -> the file it was read from
     finite = FinitenessCheck()
@@ -279,7 +281,8 @@ def load_checkpoint(
                     raise CheckpointError(
                         f"tensor {name!r} is stored twice, in {seen[name]} and {path.name}"
                     )
-                _load_tensor(f, name, path, params.get(name, buffers.get(name)), finite)
+                param = params.get(name, buffers.get(name))
+                _load_tensor(f, name, path, param, finite, scale=name in scales)
                 seen[name] = path.name
     missing = sorted(set(params) - set(seen))
     if missing:
@@ -287,9 +290,23 @@ def load_checkpoint(
     _refuse_non_finite(finite)
 
 
-def _load_tensor(f, name: str, path: Path, param: torch.Tensor, finite: FinitenessCheck) -> None:
+def scale_names(model: nn.Module) -> set[str]:
+    """The checkpoint names of the model's quantization scales: the tensors its modules name in their
+    ``checkpoint_scales`` (relative to the module; layers/quant/), whose values must not be negative either. (Named
+    by the module, not marked on the tensor: a tensor's attributes do not survive ``to_empty``.)"""
+    to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
+    return {
+        to_ckpt(f"{prefix}.{name}" if prefix else name)
+        for prefix, module in model.named_modules()
+        for name in getattr(module, "checkpoint_scales", ())
+    }
+
+
+def _load_tensor(
+    f, name: str, path: Path, param: torch.Tensor, finite: FinitenessCheck, scale: bool = False
+) -> None:
     """Copy tensor ``name`` of shard file ``f`` into ``param``: its dtype checked before, its values
-    queued for the finiteness check after."""
+    queued for the finiteness check after (``scale``: a quantization scale, checked not negative too)."""
     tensor = _read(f, name, path, param)
     problem = dtype_problem(tensor.dtype, param)
     if problem is not None:
@@ -297,7 +314,7 @@ def _load_tensor(f, name: str, path: Path, param: torch.Tensor, finite: Finitene
     with torch.no_grad():
         param.copy_(tensor.to(param.dtype))
     reread = functools.partial(_read_again, path, name, param)
-    finite.add(Loaded(name, path, param, tensor.dtype, reread))
+    finite.add(Loaded(name, path, param, tensor.dtype, reread, scale))
 
 
 def _refuse_non_finite(finite: FinitenessCheck) -> None:

@@ -15,6 +15,14 @@ tensor. A finite tensor whose sum overflows float32 (values near 1e38) is a fals
 count, run on the flagged tensors only, clears. (``torch.isfinite(t).all()`` costs 4x (an 8B model on
 an H200) to 14x (the CPU) as much: it writes a boolean tensor as large as ``t`` before reducing it;
 benchmarks/scripts/load_check_cost.py measures both.)
+
+Sign: a quantization scale (a tensor a module names in its ``checkpoint_scales``: block FP8's
+``weight_scale_inv``, per-tensor and per-channel ``weight_scale`` / ``input_scale``, INT4's group
+``weight_scale``) must not be negative as well as finite: a negative one flips its block's sign, which no
+quantizer writes. Zero stays allowed: an all-zero block's scale, and ModelOpt's ``input_scale`` of an expert
+that calibration never routed to (vLLM takes the experts' largest). One more reduction per scale tensor (its
+minimum, queued beside its sum: the same one host sync); the negative values are counted on the flagged
+tensors only.
 """
 
 from __future__ import annotations
@@ -49,28 +57,44 @@ class Loaded:
     param: torch.Tensor
     stored_dtype: torch.dtype
     read_stored: Callable[[], torch.Tensor]
+    scale: bool = False  # a quantization scale: no value may be negative either
 
 
 class FinitenessCheck:
-    """Collects the loaded floating-point parameters' sums on their device; ``problems`` syncs once."""
+    """Collects the loaded floating-point parameters' sums (and the scales' minima) on their device;
+    ``problems`` syncs once."""
 
     def __init__(self) -> None:
         self._loaded: list[Loaded] = []
         self._sums: list[torch.Tensor] = []  # 0-dim float32 each, on the parameter's device
+        self._scales: list[Loaded] = []
+        self._minima: list[torch.Tensor] = []  # 0-dim float32 each: a scale's smallest value
 
     def add(self, loaded: Loaded) -> None:
         if loaded.param.is_floating_point():
             self._loaded.append(loaded)
             self._sums.append(loaded.param.detach().sum(dtype=torch.float32))
+            if loaded.scale and loaded.param.numel():
+                self._scales.append(loaded)
+                self._minima.append(loaded.param.detach().amin().float())
 
     def problems(self) -> list[tuple[Loaded, str]]:
-        """The tensors holding a NaN or an inf, each with what is wrong; [] when all are finite."""
+        """The tensors holding a NaN or an inf, then the scales holding a negative value,
+        each with what is wrong; [] when all are fine."""
         if not self._sums:
             return []
-        finite = torch.isfinite(torch.stack(self._sums)).tolist()  # the one host sync
-        flagged = [loaded for loaded, ok in zip(self._loaded, finite) if not ok]
-        found = [(loaded, _nonfinite(loaded)) for loaded in flagged]
-        return [(loaded, problem) for loaded, problem in found if problem is not None]
+        flags = torch.isfinite(torch.stack(self._sums))
+        if self._minima:  # (a NaN minimum compares False: flagged too)
+            flags = torch.cat([flags, torch.stack(self._minima) >= 0])
+        ok = flags.tolist()  # the one host sync
+        finite, signed = ok[: len(self._loaded)], ok[len(self._loaded) :]
+        found = [(loaded, _nonfinite(loaded)) for loaded, f in zip(self._loaded, finite) if not f]
+        found += [(loaded, _negative(loaded)) for loaded, p in zip(self._scales, signed) if not p]
+        found = [(loaded, problem) for loaded, problem in found if problem is not None]
+        first: dict[str, tuple[Loaded, str]] = {}  # (a NaN scale is flagged twice: once)
+        for loaded, problem in found:
+            first.setdefault(loaded.name, (loaded, problem))
+        return list(first.values())
 
 
 def _nonfinite(loaded: Loaded) -> str | None:
@@ -90,6 +114,22 @@ def _nonfinite(loaded: Loaded) -> str | None:
             f"beyond {loaded_as}'s range (load the model in a dtype that holds them)"
         )
     return f"has {counts}"
+
+
+def _negative(loaded: Loaded) -> str | None:
+    """The negative values of a flagged scale, counted (None: a NaN, which the finiteness check reports)."""
+    values = loaded.param.detach().float()
+    bad = values < 0
+    n = int(bad.sum())
+    if not n:
+        return None
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    where = f" at index {list(index)}" if index else ""
+    return (
+        f"is a quantization scale with {n} value{'s' if n > 1 else ''} that {'are' if n > 1 else 'is'} "
+        f"negative ({values[index].item():g}{where}{', ...' if n > 1 else ''}): a scale must be finite "
+        "and not negative"
+    )
 
 
 def _name(dtype: torch.dtype) -> str:

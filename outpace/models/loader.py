@@ -119,7 +119,7 @@ def load_model(
                 *QUANTIZED_SKIPPED_TENSORS,
             )
         load_checkpoint(model, model_dir, progress=progress)
-        check_loaded(model)
+        check_loaded(model, model_dir)
     pack_projections(model)
     model.checkpoint_dir = Path(model_dir)
     return model.eval()

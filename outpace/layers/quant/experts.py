@@ -439,6 +439,7 @@ class QuantizedStackedWeight(nn.Module):
             torch.empty(experts, rows, cols, dtype=scale_dtype, device=device), requires_grad=False
         )
         self.weight_scale_inv.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        self.checkpoint_scales = ("weight_scale_inv",)  # (no value negative: checkpoint.py)
         shard = getattr(stacked.weight, "shard", None)
         if shard is not None:
             mark_shard(self.weight, shard)
@@ -490,6 +491,7 @@ def quantize_packed_stacks(
     Under expert parallelism each rank's scales are its experts' (the stacks' own shard)."""
     from outpace.distributed.sharding import mark_shard
 
+    scales = []
     for name in ("gate_up_proj", "down_proj"):
         old = getattr(experts, name)
         where = old.device if device is None else device
@@ -510,7 +512,9 @@ def quantize_packed_stacks(
             scale.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
             mark_shard(scale, experts.placement.shard)
             setattr(experts, name + suffix, scale)
+            scales.append(name + suffix)
     experts.packed_format = fmt
+    experts.checkpoint_scales = tuple(scales)  # (no value negative: checkpoint.py)
 
 
 def packed_expert_weights(

@@ -217,7 +217,10 @@ class QuantizedLinear(nn.Module):
         bias: bool,
         scale_dtype: torch.dtype,
         device: torch.device | None = None,
+        scale_shape: tuple[int, ...] | None = None,
     ) -> None:
+        """``scale_shape``: the scale's, where the format allows another than its own (a per-tensor scale
+        stored [1] rather than [])."""
         super().__init__()
         self.format, self.in_features, self.out_features = fmt, in_features, out_features
         stored = torch.empty(
@@ -228,7 +231,9 @@ class QuantizedLinear(nn.Module):
         self.register_parameter(fmt.weight_name, weight)
         scale = nn.Parameter(
             torch.empty(
-                fmt.scale_shape(out_features, in_features), dtype=scale_dtype, device=device
+                scale_shape or fmt.scale_shape(out_features, in_features),
+                dtype=scale_dtype,
+                device=device,
             ),
             requires_grad=False,
         )
@@ -239,6 +244,10 @@ class QuantizedLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out_features, device=device))
         if getattr(fmt, "input_scale_name", None):
             self.register_buffer(fmt.input_scale_name, torch.ones((), device=device))
+        # the scales, each value checked not negative at load (checkpoint.py ``scale_names``)
+        self.checkpoint_scales = (fmt.scale_name,) + (
+            (fmt.input_scale_name,) if getattr(fmt, "input_scale_name", None) else ()
+        )
         if isinstance(fmt, Int4Group):
             self.register_buffer("weight_shape", torch.zeros(2, dtype=torch.int32, device=device))
 
@@ -295,14 +304,17 @@ def quantized_like(
     scale_dtype: torch.dtype,
     name: str,
     device: str | torch.device | None = None,
+    scale_shape: tuple[int, ...] | None = None,
 ) -> QuantizedLinear:
     """A ``QuantizedLinear`` in place of ``linear`` (same features, bias, tensor-parallel group and part of
     the checkpoint tensors) on ``device`` (default: linear's, which may be the meta device of a model built
-    without its parameters); ``name`` (the checkpoint's module name) names it in a sharding error."""
+    without its parameters); ``name`` (the checkpoint's module name) names it in a sharding error;
+    ``scale_shape``: ``QuantizedLinear``'s."""
     device = linear.weight.device if device is None else device
     layer = QuantizedLinear(
-        fmt, linear.in_features, linear.out_features, linear.bias is not None, scale_dtype, device
-    )
+        fmt, linear.in_features, linear.out_features, linear.bias is not None, scale_dtype, device,
+        scale_shape,
+    )  # fmt: skip
     for attr in ("group", "reduces", "partial"):
         if attr in vars(linear):
             setattr(layer, attr, getattr(linear, attr))

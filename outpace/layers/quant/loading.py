@@ -34,6 +34,7 @@ from outpace.layers.quant.linear import (
     FORMATS,
     Fp8Block,
     Fp8Tensor,
+    Int4Group,
     QuantizedLinear,
     quantized_like,
 )
@@ -50,17 +51,25 @@ _STORED_DTYPES = {
 }
 
 
-def stored_tensors(model_dir: str | Path) -> dict[str, tuple[torch.dtype | str, Path]]:
-    """Every checkpoint tensor's (stored dtype, file), from the headers (no tensor is read)."""
-    found: dict[str, tuple[torch.dtype | str, Path]] = {}
+# a checkpoint tensor as its file's header gives it: (stored dtype, file, shape)
+Stored = tuple[torch.dtype | str, Path, tuple[int, ...]]
+# the dtypes a quantization scale is stored in (every scale parameter's ``checkpoint_dtypes``)
+SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def stored_tensors(model_dir: str | Path) -> dict[str, Stored]:
+    """Every checkpoint tensor's (stored dtype, file, shape), from the headers (no tensor is read)."""
+    found: dict[str, Stored] = {}
     for path in checkpoint_files(model_dir):
         with open_shard(path) as f:
             for name in f.keys():
                 if path.suffix == ".bin":
-                    found[name] = (f.get_tensor(name).dtype, path)
+                    tensor = f.get_tensor(name)
+                    found[name] = (tensor.dtype, path, tuple(tensor.shape))
                 else:
-                    dtype = f.get_slice(name).get_dtype()
-                    found[name] = (_STORED_DTYPES.get(dtype, dtype), path)
+                    part = f.get_slice(name)
+                    dtype = part.get_dtype()
+                    found[name] = (_STORED_DTYPES.get(dtype, dtype), path, tuple(part.get_shape()))
     return found
 
 
@@ -92,8 +101,8 @@ def quantize_modules(
             continue
         prefix = to_ckpt(f"{name}.weight").removesuffix(".weight")
         scale_key = f"{prefix}.{fmt.scale_name}"
-        scale = tensors.get(scale_key)
-        if scale is None or f"{prefix}.{fmt.weight_name}" not in tensors:
+        scale, weight_key = tensors.get(scale_key), f"{prefix}.{fmt.weight_name}"
+        if scale is None or weight_key not in tensors:
             continue
         if scheme.excludes(prefix):
             raise ConfigError(
@@ -106,9 +115,24 @@ def quantize_modules(
                 f"{prefix!r} in {scheme.description}: only block-FP8 stacks are implemented "
                 "(Step-3.5-Flash-FP8's layout)"
             )
+        if isinstance(fmt, Int4Group) and f"{prefix}.weight_shape" not in tensors:
+            raise CheckpointError(
+                f"{tensors[weight_key][1]}: tensor {weight_key!r} has no {prefix}.weight_shape beside it "
+                f"(compressed-tensors writes one beside every packed weight: {scheme.description}, "
+                f"{scheme.source})"
+            )
         if id(module) not in replaced:
-            make = QuantizedStackedWeight if stacked else quantized_like
-            replaced[id(module)] = make(module, fmt, scale[0], prefix, device)
+            _check_scale_dtype(scale_key, scale)
+            if stacked:
+                layer = QuantizedStackedWeight(module, fmt, scale[0], prefix, device)
+            else:  # (a per-tensor scale stored [1] rather than []: ModelOpt writes either)
+                one = isinstance(fmt, Fp8Tensor) and scale[2] == (1,)
+                layer = quantized_like(module, fmt, scale[0], prefix, device, (1,) if one else None)
+                _input_scale_as_stored(layer, prefix, tensors)
+            _check_scale_shape(
+                layer, layer.weight_scale_inv if stacked else layer.scale, scale_key, scale
+            )
+            replaced[id(module)] = layer
         quantized_prefixes.add(prefix)
     _replace_everywhere(model, replaced)
     skipped = skips_tensor(model)
@@ -117,11 +141,82 @@ def quantize_modules(
     return len(replaced)
 
 
+def _input_scale_as_stored(layer: QuantizedLinear, prefix: str, tensors: dict[str, Stored]) -> None:
+    """A static activation scale stored [1] rather than [] (per-tensor FP8 writes either) held so."""
+    name = getattr(layer.format, "input_scale_name", None)
+    stored = tensors.get(f"{prefix}.{name}") if name else None
+    if stored is not None and stored[2] == (1,):
+        layer.register_buffer(name, getattr(layer, name).new_ones(1))
+
+
+def _check_scale_dtype(key: str, scale: Stored) -> None:
+    """A scale stored in a dtype no scale parameter takes (float64, an integer, fp8) is refused before its
+    layer is made, naming the tensor and its file."""
+    dtype, path, _ = scale
+    if dtype not in SCALE_DTYPES:
+        named = str(dtype).removeprefix("torch.")
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in SCALE_DTYPES)
+        raise CheckpointError(
+            f"{path}: tensor {key!r} has dtype {named}, a quantization scale must be one of {allowed}"
+        )
+
+
+def _full_shape(param: torch.Tensor) -> tuple[int, ...]:
+    """The checkpoint shape of a parameter that may hold this rank's part of it (its ``shard``)."""
+    shape, shard = list(param.shape), getattr(param, "shard", None)
+    if shard is not None:
+        shape[shard.dim] = shard.full
+    return tuple(shape)
+
+
+def _check_scale_shape(layer: nn.Module, param: torch.Tensor, key: str, scale: Stored) -> None:
+    """The stored scale's shape against the one the layer's format gives its projection, refused before any
+    tensor is read naming the tensor, its file and the config field whose block or group size sets it (an
+    INT4 projection whose columns are not whole groups, too)."""
+    scheme = layer.format.scheme
+    if isinstance(layer, QuantizedLinear):
+        out_features, in_features = layer.out_features, layer.in_features
+        shard = getattr(layer.stored_weight, "shard", None)
+        if shard is not None and shard.dim == 0:
+            out_features = shard.full
+        elif shard is not None:
+            in_features = shard.full * layer.format.weight_column_factor()
+        whole = f"[{out_features}, {in_features}] projection"
+    else:  # (a stack of experts)
+        experts, out_features, in_features = _full_shape(layer.weight)
+        whole = f"[{experts}, {out_features}, {in_features}] stack of expert projections"
+    if scheme.group is not None and in_features % scheme.group:
+        raise CheckpointError(
+            f"{scale[1]}: tensor {key!r} scales a {whole} whose {in_features} columns are not whole "
+            f"{_layout(scheme)}: not implemented"
+        )
+    expected = _full_shape(param)
+    if scale[2] != expected:
+        raise CheckpointError(
+            f"{scale[1]}: tensor {key!r} has shape {scale[2]}, the model expects {expected}: the scales "
+            f"of its {whole} in {_layout(scheme)}"
+        )
+
+
+def _layout(scheme: QuantScheme) -> str:
+    """Where a format's scale layout comes from, for errors: the config field and its file."""
+    if scheme.group is not None:
+        what, field = f"groups of {scheme.group}", "config_groups.*.weights.group_size"
+    elif scheme.block is not None:
+        what = f"blocks of {list(scheme.block)}"
+        field = "weight_block_size"
+        if scheme.producer == "compressed-tensors":
+            field = "config_groups.*.weights.block_structure"
+    else:
+        return f"{scheme.description}, {scheme.source}"
+    return f"{what} (quantization_config.{field} in {scheme.source})"
+
+
 def _quantize_packed(
     module: nn.Module,
     name: str,
     fmt,
-    tensors: dict[str, tuple[torch.dtype | str, Path]],
+    tensors: dict[str, Stored],
     to_ckpt: Callable[[str], str],
     done: dict[int, nn.Module],
     device: str | torch.device | None,
@@ -142,23 +237,23 @@ def _quantize_packed(
             f"stacks {prefix!r} in {fmt.scheme.description}: only per-tensor FP8 ones are implemented"
         )
     if id(module) not in done:
-        stored = {
-            f"{p}{suffix}": (tensors[key][0], _stored_shape(tensors[key][1], key))
-            for p in ("gate_up_proj", "down_proj")
-            for suffix in (PACKED_SCALE, PACKED_ACTIVATION_SCALE)
-            if (key := f"{prefix}.{p}{suffix}") in tensors
-        }
+        stored = {}
+        for p in ("gate_up_proj", "down_proj"):
+            for suffix in (PACKED_SCALE, PACKED_ACTIVATION_SCALE):
+                key = f"{prefix}.{p}{suffix}"
+                if key not in tensors:
+                    continue
+                dtype, path, shape = tensors[key]
+                _check_scale_dtype(key, tensors[key])
+                if not shape or any(n != 1 for n in shape[1:]):  # (one scale an expert)
+                    raise CheckpointError(
+                        f"{path}: tensor {key!r} has shape {shape}, a per-tensor FP8 stack of experts "
+                        "has one scale an expert: [experts] or [experts, 1, 1]"
+                    )
+                stored[f"{p}{suffix}"] = (dtype, shape)
         quantize_packed_stacks(module, fmt, stored, device)
         done[id(module)] = module
     return True
-
-
-def _stored_shape(path: Path, name: str) -> tuple[int, ...]:
-    """A checkpoint tensor's shape, from its file's header where it has one."""
-    with open_shard(path) as f:
-        if path.suffix == ".bin":
-            return tuple(f.get_tensor(name).shape)
-        return tuple(f.get_slice(name).get_shape())
 
 
 def _replace_everywhere(model: nn.Module, replaced: dict[int, nn.Module]) -> None:
@@ -182,14 +277,12 @@ def held_elsewhere(model: nn.Module, to_ckpt: Callable[[str], str]) -> set[str]:
     }
 
 
-def _refuse_unclaimed(
-    tensors: dict[str, tuple[torch.dtype | str, Path]], quantized: set[str], scheme: QuantScheme
-) -> None:
+def _refuse_unclaimed(tensors: dict[str, Stored], quantized: set[str], scheme: QuantScheme) -> None:
     """A quantized tensor whose module was not made quantized: its scale is missing, or outpace has no
     quantized form of the module (e.g. stacked expert tensors), or it belongs to another format. ``tensors``:
     those the loader reads (not a multimodal checkpoint's skipped towers: ``ignored_checkpoint_tensors``)."""
     fmt = FORMATS[scheme.method](scheme)
-    for name, (dtype, path) in tensors.items():
+    for name, (dtype, path, _) in tensors.items():
         prefix, _, leaf = name.rpartition(".")
         if prefix in quantized:
             continue
@@ -215,9 +308,11 @@ def _refuse_unclaimed(
             )
 
 
-def check_loaded(model: nn.Module) -> None:
+def check_loaded(model: nn.Module, model_dir: str | Path | None = None) -> None:
     """After loading: compressed-tensors' ``weight_shape`` of every INT4 projection is its [out, in]
-    (this rank's part under tensor parallelism: the checkpoint gives the whole)."""
+    (this rank's part under tensor parallelism: the checkpoint gives the whole); the error names the
+    tensor and, given ``model_dir``, its file."""
+    to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
     for name, module in model.named_modules():
         shape = getattr(module, "weight_shape", None)
         if not isinstance(module, QuantizedLinear) or shape is None:
@@ -230,8 +325,13 @@ def check_loaded(model: nn.Module) -> None:
                 module.format.weight_column_factor() if shard.dim else 1
             )
         if shape.tolist() != whole:
+            key = to_ckpt(f"{name}.weight_shape")
+            where = ""
+            if model_dir is not None:
+                where = f"{stored_tensors(model_dir).get(key, (None, model_dir))[1]}: "
             raise CheckpointError(
-                f"{name}.weight_shape is {shape.tolist()}, the model's projection is {whole}"
+                f"{where}tensor {key!r} is {shape.tolist()}, the model's projection is {whole} "
+                "(compressed-tensors' weight_shape: the unpacked [out, in])"
             )
 
 

@@ -205,12 +205,29 @@ def per_tensor_names(scheme: QuantScheme, tensor_names: set[str]) -> QuantScheme
 
 
 def _exclude_list(fields: ConfigFields, names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
-    """The first of ``names`` the config gives (a list of strings), with its field name for errors."""
-    for name in names:
-        entries = fields.strings(name)
-        if entries:
-            return tuple(entries), fields.source + ": " + fields.prefix + name
-    return (), ""
+    """The one of ``names`` (synonyms) the config gives (a list of strings), with its field name for errors;
+    two that differ are refused (which one a reader honours differs: vLLM's fp8.py reads ``ignored_layers``
+    first, transformers ``modules_to_not_convert``). ``re:`` entries (compressed-tensors' regular
+    expressions) must compile."""
+    given = [(name, entries) for name in names if (entries := fields.strings(name))]
+    if len({tuple(entries) for _, entries in given}) > 1:
+        raise ConfigError(
+            f"{fields.source}: fields "
+            + " and ".join(repr(fields.prefix + name) for name, _ in given)
+            + " both list unquantized modules, differently: give one"
+        )
+    if not given:
+        return (), ""
+    name, entries = given[0]
+    for entry in entries:
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as e:
+                raise fields.fail(
+                    name, entry, f"a list of module names or re: patterns ({e})"
+                ) from None
+    return tuple(entries), fields.source + ": " + fields.prefix + name
 
 
 def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
