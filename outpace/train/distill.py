@@ -3,6 +3,7 @@ target's distributions over them (soft labels)."""
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,12 @@ from outpace.train.data import TokenStream
 from outpace.train.evaluate import heldout_prompts_file, load_prompts
 from outpace.train.loop import OptimConfig
 from outpace.train.ranks import ONE_RANK, TrainRanks
+from outpace.train.run_checks import (
+    DATA_FIELDS,
+    check_field_types,
+    identity_mismatch,
+    run_identity,
+)
 from outpace.train.tokenizer import EOS_TOKEN
 
 
@@ -155,8 +162,44 @@ class DistillRecipe:
     eval_num_prompts: int | None = None  # the first N held-out prompts; None: all
 
     def __post_init__(self) -> None:
-        """Every recipe's shared fields are checked here; a recipe checks its own after calling this."""
-        self.check("batch_size", self.batch_size >= 1, ">= 1")
+        """Every recipe's shared fields are checked here; a recipe checks its own after calling this. First every
+        field's type against its annotation (``check_field_types``: a --set VALUE of the wrong kind is refused by
+        name, not met later as a traceback), then the shared fields' ranges."""
+        check_field_types(self)
+        check = self.check
+        check("num_continuations", self.num_continuations >= 1, ">= 1")
+        check("prompt_len", self.prompt_len >= 1, ">= 1 (a prompt of at least one token)")
+        check("new_tokens", self.new_tokens >= 1, ">= 1 (the target continues every prompt)")
+        check("batch_size", self.batch_size >= 1, ">= 1")
+        check("steps", self.steps >= 1, ">= 1")
+        check("lr", math.isfinite(self.lr) and self.lr > 0, "a finite number > 0")
+        check("warmup_steps", self.warmup_steps >= 0, ">= 0")
+        check("max_minutes", self.max_minutes is None or self.max_minutes > 0, "None or > 0")
+        check("max_corpus_bytes", self.max_corpus_bytes >= 1, ">= 1")
+        check(
+            "corpus_roots",
+            self.corpus_roots is None or len(self.corpus_roots) > 0,
+            "None (this interpreter's stdlib and site-packages) or at least one directory",
+        )
+        check(
+            "data_temperature",
+            math.isfinite(self.data_temperature) and self.data_temperature >= 0,
+            "a finite number >= 0",
+        )
+        check(
+            "prompt_files",
+            self.prompt_files is None or len(self.prompt_files) > 0,
+            "None (the zoo corpus) or at least one file",
+        )
+        check("seed", self.seed >= 0, ">= 0")
+        check("generation_batch", self.generation_batch >= 1, ">= 1")
+        check("resume_every", self.resume_every >= 1, ">= 1")
+        check("eval_max_tokens", self.eval_max_tokens >= 1, ">= 1")
+        check(
+            "eval_num_prompts",
+            self.eval_num_prompts is None or self.eval_num_prompts >= 1,
+            "None (all) or >= 1",
+        )
         self.check(
             "total_minutes",
             self.total_minutes is None or self.total_minutes > self.heldout_reserve_minutes,
@@ -268,7 +311,8 @@ class DistillData:
     begins (its prompt's length; 0 for a corpus window, which has no prompt).
 
     ``cache``: a file holding the continuations; read when present, written after generating (a
-    resumed run does not generate them again).
+    resumed run does not generate them again). ``source``: what they were generated from (``run_identity`` over
+    DATA_FIELDS), saved with them; a cache of other data is refused.
     """
 
     def __init__(
@@ -289,6 +333,7 @@ class DistillData:
         prompt_split: str = "train",
         eval_prompts: str | None = None,
         corpus_roots: tuple[str, ...] | None = None,
+        source: dict | None = None,
     ) -> None:
         self.seq_len = prompt_len + new_tokens
         self.corpus_fraction = corpus_fraction
@@ -299,6 +344,12 @@ class DistillData:
             )
         if cache is not None and Path(cache).is_file():
             saved = torch.load(cache)
+            mismatch = identity_mismatch(saved.get("source"), source) if source else None
+            if mismatch:
+                raise ValueError(
+                    f"{cache} holds the continuations of another run ({mismatch}): give another --out, or "
+                    "remove the file to generate them again"
+                )
             self.continuations, self.starts = saved["tokens"], saved["starts"]
             return
         if prompt_files:
@@ -327,7 +378,9 @@ class DistillData:
         )
         if cache is not None:
             Path(cache).parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"tokens": self.continuations, "starts": self.starts}, cache)
+            torch.save(
+                {"tokens": self.continuations, "starts": self.starts, "source": source}, cache
+            )
 
     @classmethod
     def for_recipe(
@@ -359,6 +412,7 @@ class DistillData:
                 recipe.prompt_split,
                 recipe.eval_prompts,
                 recipe.corpus_roots,
+                run_identity(recipe, target_dir, DATA_FIELDS),
             )
         )
 

@@ -26,8 +26,24 @@ def heldout_prompts_file(target_dir: Path, given: str | None) -> Path | None:
 
 
 def load_prompts(path: Path) -> list[str]:
-    data = json.loads(Path(path).read_text())
-    return data["prompts"] if isinstance(data, dict) else data
+    """The prompts of a held-out prompts file: a JSON list of strings, or ``{"prompts": [...]}``; a file of
+    another form is refused naming it (train/run_checks.py ``check_run`` reads it before a run's data)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"held-out prompts (eval_prompts) {path}: no such file")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"held-out prompts (eval_prompts) {path}: not JSON ({e})") from None
+    prompts = data.get("prompts") if isinstance(data, dict) else data
+    if not (
+        isinstance(prompts, list) and prompts and all(isinstance(p, str) and p for p in prompts)
+    ):
+        raise ValueError(
+            f"held-out prompts (eval_prompts) {path}: must be a non-empty JSON list of non-empty strings, "
+            'or an object {"prompts": [...]} holding one'
+        )
+    return prompts
 
 
 def heldout_acceptance(

@@ -6,8 +6,14 @@ vLLM's speculators regenerate them, so only the prompts are read here:
   ``question``, or with ``messages`` / ``conversations`` (``role``/``content`` or ShareGPT ``from``/``value``
   turns) rendered with the target tokenizer's chat template up to the last user turn (generation prompt
   added). Each prompt keeps its last ``prompt_len`` tokens.
+- ``.json``: a JSON list of such records (ShareGPT's files are one).
 - any other file: plain text, one document; the prompts are windows of ``prompt_len`` tokens cut at random
   offsets of all documents back to back (as the zoo corpus is cut).
+
+A record that cannot be read is refused naming its file and line (``.json``: its index in the list): a line
+that is not JSON, a file that is not UTF-8, a turn that is not an object, a role outside ``_SHAREGPT_ROLES``,
+content that is not a string, a conversation without a user turn or whose last user turn is empty, an empty
+prompt.
 """
 
 from __future__ import annotations
@@ -24,26 +30,49 @@ _SHAREGPT_ROLES = {
     "gpt": "assistant",
     "assistant": "assistant",
     "system": "system",
+    "tool": "tool",
 }
 
 
-def _conversation(turns: list[dict]) -> list[dict]:
-    """Turns in either form -> [{"role", "content"}] up to and including the last user turn."""
-    messages = [
-        {
-            "role": _SHAREGPT_ROLES.get(t.get("role", t.get("from")), t.get("role", t.get("from"))),
-            "content": t.get("content", t.get("value", "")),
-        }
-        for t in turns
-    ]
+def _conversation(turns: list, where: str) -> list[dict]:
+    """Turns in either form -> [{"role", "content"}] up to and including the last user turn; a turn that is
+    not an object, has no known role, or whose content is not a string is refused (``where``: file:line)."""
+    messages = []
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise ValueError(
+                f"{where}: turn {i} must be an object with role/content (or from/value), "
+                f"not {type(t).__name__}"
+            )
+        role = t.get("role", t.get("from"))
+        if role not in _SHAREGPT_ROLES:
+            raise ValueError(
+                f"{where}: turn {i} has role {role!r}: must be one of {sorted(_SHAREGPT_ROLES)} "
+                "(field 'role', or ShareGPT's 'from')"
+            )
+        content = t.get("content", t.get("value", ""))
+        if not isinstance(content, str):
+            raise ValueError(
+                f"{where}: turn {i}'s content must be a string, not {type(content).__name__}"
+            )
+        messages.append({"role": _SHAREGPT_ROLES[role], "content": content})
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=None)
     if last_user is None:
-        raise ValueError("a conversation has no user turn")
+        raise ValueError(f"{where}: the conversation has no user turn")
+    if not messages[last_user]["content"].strip():
+        raise ValueError(f"{where}: the conversation's last user turn (turn {last_user}) is empty")
     return messages[: last_user + 1]
 
 
 def record_ids(record, tokenizer, where: str) -> list[int]:
-    """One jsonl record -> its prompt token ids (no truncation)."""
+    """One jsonl record -> its prompt token ids (no truncation); an empty prompt is refused."""
+    ids = _record_ids(record, tokenizer, where)
+    if not ids:
+        raise ValueError(f"{where}: the prompt is empty")
+    return ids
+
+
+def _record_ids(record, tokenizer, where: str) -> list[int]:
     if isinstance(record, str):
         return tokenizer.encode(record, add_special_tokens=False)
     if not isinstance(record, dict):
@@ -51,22 +80,71 @@ def record_ids(record, tokenizer, where: str) -> list[int]:
             f"{where}: a record must be a string or an object, not {type(record).__name__}"
         )
     for key in _TEXT_KEYS:
-        if isinstance(record.get(key), str):
+        if record.get(key) is not None:
+            if not isinstance(record[key], str):
+                raise ValueError(
+                    f"{where}: field {key!r} must be a string, not {type(record[key]).__name__}"
+                )
             return tokenizer.encode(record[key], add_special_tokens=False)
-    turns = record.get("messages", record.get("conversations"))
-    if isinstance(turns, list):
+    for key in ("messages", "conversations"):
+        if key not in record:
+            continue
+        turns = record[key]
+        if not isinstance(turns, list):
+            raise ValueError(
+                f"{where}: field {key!r} must be a list of turns, not {type(turns).__name__}"
+            )
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"{where}: a conversation needs a chat template, and the target's tokenizer has none"
             )
-        text = tokenizer.apply_chat_template(
-            _conversation(turns), tokenize=False, add_generation_prompt=True
-        )
+        try:
+            text = tokenizer.apply_chat_template(
+                _conversation(turns, where), tokenize=False, add_generation_prompt=True
+            )
+        except ValueError:
+            raise
+        except Exception as e:  # the template's own refusals (jinja's raise_exception) and errors
+            raise ValueError(
+                f"{where}: the target's chat template cannot render this conversation: {e}"
+            ) from None
         return tokenizer.encode(text, add_special_tokens=False)
     raise ValueError(
         f"{where}: no prompt found (keys {sorted(record)}; expected one of "
         f"{list(_TEXT_KEYS) + ['messages', 'conversations']})"
     )
+
+
+def _records(f: Path):
+    """(where, record) for each record of a .jsonl or .json file; a file or line that is not JSON is refused
+    naming it."""
+    text = _read_text(f)
+    if f.suffix == ".json":
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--data {f}: not JSON ({e})") from None
+        if not isinstance(records, list):
+            raise ValueError(
+                f"--data {f}: a .json prompt file must hold a list of records, "
+                f"not {type(records).__name__}"
+            )
+        yield from ((f"{f}[{i}]", r) for i, r in enumerate(records))
+        return
+    for i, line in enumerate(text.splitlines()):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{f}:{i + 1}: not a JSON record ({e})") from None
+            yield f"{f}:{i + 1}", record
+
+
+def _read_text(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--data {f}: not UTF-8 text ({e})") from None
 
 
 def load_prompt_ids(
@@ -80,16 +158,15 @@ def load_prompt_ids(
     prompts: list[list[int]] = []
     stream: list[int] = []
     for f in map(Path, files):
-        if not f.is_file():
+        if not f.exists():
             raise FileNotFoundError(f"--data {f}: no such file")
-        if f.suffix == ".jsonl":
-            for i, line in enumerate(f.read_text().splitlines()):
-                if line.strip():
-                    ids = record_ids(json.loads(line), tokenizer, f"{f}:{i + 1}")
-                    if ids:
-                        prompts.append(ids[-prompt_len:])
+        if not f.is_file():
+            raise ValueError(f"--data {f}: not a file")
+        if f.suffix in (".jsonl", ".json"):
+            for where, record in _records(f):
+                prompts.append(record_ids(record, tokenizer, where)[-prompt_len:])
         else:
-            stream += tokenizer.encode(f.read_text(), add_special_tokens=False)
+            stream += tokenizer.encode(_read_text(f), add_special_tokens=False)
             if tokenizer.eos_token_id is not None:
                 stream.append(tokenizer.eos_token_id)
     prompts = prompts[:num]

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from outpace.train.ranks import ONE_RANK, TrainRanks
+from outpace.train.run_checks import identity_mismatch
 
 
 @dataclass
@@ -25,6 +26,9 @@ class Resume:
     path: Path  # the state file (written atomically: tmp file, then rename)
     every: int = 250  # steps between saves
     generator: torch.Generator | None = None  # the data sampler's generator, saved and restored
+    # what the state belongs to (train/run_checks.py ``run_identity``: the recipe, target and fields), saved with
+    # it; a state saved by another run is refused on loading, naming the file and the differences
+    run: dict | None = None
 
     def load(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, ranks: TrainRanks = ONE_RANK
@@ -37,6 +41,13 @@ class Resume:
             if ranks.is_driver
             else None
         )
+        mismatch = ranks.agree(self._mismatch(state) if state is not None else None)
+        if mismatch:
+            raise ValueError(
+                f"{self.path} holds the training state of another run ({mismatch}): resume with the same "
+                f"method, target and recipe, give another --out, or remove {Path(self.path).parent} to start "
+                "again"
+            )
         if ranks.size == 1:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])
@@ -66,6 +77,11 @@ class Resume:
             self.generator.set_state(generator)
         return step, history
 
+    def _mismatch(self, state: dict) -> str | None:
+        if self.run is None:
+            return None
+        return identity_mismatch(state.get("run"), self.run)
+
     def save(
         self,
         step: int,
@@ -94,6 +110,7 @@ class Resume:
             "history": dataclasses.asdict(history),
             "generator": self.generator.get_state() if self.generator is not None else None,
             "ranks": ranks.size,
+            "run": self.run,
         }
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)

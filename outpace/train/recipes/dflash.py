@@ -77,6 +77,7 @@ from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
 from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
+from outpace.train.run_checks import check_run, run_identity
 from outpace.train.target import init_weights
 
 
@@ -107,6 +108,16 @@ class DFlashRecipe(TrajectoryDistillRecipe):
         check = self.check
         check("block_size", self.block_size >= 2, ">= 2 (the bonus token and at least one mask)")
         check("num_layers", self.num_layers >= 1, ">= 1")
+        check(
+            "intermediate_size",
+            self.intermediate_size is None or self.intermediate_size >= 1,
+            "None (the target's) or >= 1",
+        )
+        check(
+            "target_layer_ids",
+            self.target_layer_ids is None or len(self.target_layer_ids) > 0,
+            "None (the default layers) or at least one layer id",
+        )
         check(
             "num_key_value_heads",
             self.num_key_value_heads is None or self.num_key_value_heads >= 1,
@@ -378,6 +389,7 @@ def train_dflash(
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
+    check_run(recipe, target_dir, out_dir)
     declared = tokenizer_mask_token_id(target_dir)
     if declared is None:
         raise ValueError(
@@ -459,7 +471,9 @@ def train_dflash(
         recipe.loop_optim(t0),
         device,
         desc="dflash draft",
-        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        resume=Resume(
+            resume_dir / "state.pt", recipe.resume_every, gen, run_identity(recipe, target_dir)
+        ),
         ranks=ranks,
     )
 

@@ -72,6 +72,7 @@ from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
 from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
+from outpace.train.run_checks import check_run, run_identity
 from outpace.train.target import init_weights
 
 STEP_DECAY = 0.8  # weight of TTT step j: STEP_DECAY ** j (SpecForge's ploss_weight)
@@ -102,6 +103,17 @@ class Eagle3Recipe(TrajectoryDistillRecipe):
         check("ttt_steps", self.ttt_steps >= 1, ">= 1")
         check("draft_vocab_size", self.draft_vocab_size >= 1, ">= 1")
         check("step_decay", self.step_decay > 0, "> 0")
+        check(
+            "intermediate_size",
+            self.intermediate_size is None or self.intermediate_size >= 1,
+            "None (the target's) or >= 1",
+        )
+        check(
+            "aux_layer_ids",
+            self.aux_layer_ids is None or len(self.aux_layer_ids) > 0,
+            "None (the default capture) or at least one layer id",
+        )
+        check("eval_num_steps", self.eval_num_steps >= 1, ">= 1")
         check(
             "new_tokens",
             self.prompt_len + self.new_tokens > self.ttt_steps + 1,
@@ -388,6 +400,7 @@ def train_eagle3(
     tensor-parallel over them and the draft data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
+    check_run(recipe, target_dir, out_dir)
     # the capture is checked from the target's config before any data is generated
     tcfg = ModelConfig.from_pretrained(target_dir)
     capture = (
@@ -451,7 +464,9 @@ def train_eagle3(
         recipe.loop_optim(t0),
         device,
         desc="eagle3 draft",
-        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        resume=Resume(
+            resume_dir / "state.pt", recipe.resume_every, gen, run_identity(recipe, target_dir)
+        ),
         ranks=ranks,
     )
 

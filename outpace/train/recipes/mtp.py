@@ -52,6 +52,7 @@ from outpace.train.export import common_metrics
 from outpace.train.loop import TrainHistory, plot_history, train
 from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
+from outpace.train.run_checks import check_run, run_identity
 
 # Files of the target that describe the target itself, not the fine-tuned copy (its card, plot, metrics).
 NOT_COPIED = ("README.md", "loss.png", "training_metrics.json")
@@ -196,9 +197,17 @@ def train_mtp(
     the target's embedding and head whole on each rank (``TrainRanks.row_local``)."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
-    if out_dir.resolve() == target_dir.resolve():
+    check_run(recipe, target_dir, out_dir)
+    available = mtp_layer_count(target_dir)
+    # refused before any data is generated (``_fine_tune`` checks the loaded target again)
+    if available == 0:
         raise ValueError(
-            "--out must differ from --target: the fine-tuned target is written beside the original"
+            f"--method mtp fine-tunes the target's MTP layers: {target_dir} has none "
+            "(num_nextn_predict_layers = 0)"
+        )
+    if available is not None and (recipe.num_layers or available) > available:
+        raise ValueError(
+            f"MTPRecipe.num_layers={recipe.num_layers} is invalid: the target has {available} MTP layers"
         )
     resume_dir = out_dir / "resume"
     replaced, history, metrics = _fine_tune(target_dir, recipe, resume_dir, device, t0, ranks)
@@ -225,6 +234,24 @@ def train_mtp(
         prompts_near=target_dir,
         ranks=ranks,
     )
+
+
+def mtp_layer_count(target_dir: Path) -> int | None:
+    """How many MTP layers the target in ``target_dir`` serves, from its config and tensor names (the model
+    class built on the meta device, as ``load_model`` builds it: a family may count its MTP layers in its own
+    config field, or only in a layout its tensors show); None when that cannot be told without loading it."""
+    from outpace.checkpoint import checkpoint_tensor_names
+    from outpace.model_config import ModelConfig
+    from outpace.models.drafts.mtp import has_own_mtp_heads
+    from outpace.models.loader import build_model
+
+    try:
+        cfg = ModelConfig.from_pretrained(target_dir)
+        own_heads = has_own_mtp_heads(cfg, checkpoint_tensor_names(target_dir))
+        model = build_model(cfg, torch.float32, "meta", own_heads)
+    except Exception:  # (quantized layouts and the like: ``_fine_tune`` checks the loaded target)
+        return None
+    return model.config.num_nextn_predict_layers
 
 
 def _fine_tune(
@@ -283,7 +310,9 @@ def _fine_tune(
         recipe.loop_optim(started),
         device,
         desc="mtp layers",
-        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        resume=Resume(
+            resume_dir / "state.pt", recipe.resume_every, gen, run_identity(recipe, target_dir)
+        ),
         ranks=ranks,
     )
 

@@ -29,6 +29,7 @@ from outpace.train.export import common_metrics, save_trained
 from outpace.train.loop import train
 from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.resume import Resume
+from outpace.train.run_checks import check_run, run_identity
 from outpace.train.target import init_weights
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -43,6 +44,22 @@ class StandaloneRecipe(DistillRecipe):
     num_kv_heads: int = 2
     batch_size: int = 64
     steps: int = 3000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check = self.check
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads"):
+            check(name, getattr(self, name) >= 1, ">= 1")
+        check(
+            "hidden_size",
+            self.hidden_size % self.num_heads == 0,
+            f"a multiple of num_heads ({self.num_heads})",
+        )
+        check(
+            "num_kv_heads",
+            self.num_heads % self.num_kv_heads == 0,
+            f"a divisor of num_heads ({self.num_heads})",
+        )
 
     @classmethod
     def toy(cls, **overrides) -> StandaloneRecipe:
@@ -96,6 +113,7 @@ def train_standalone(
     target state) trains data-parallel (FSDP), each rank taking its rows of every batch."""
     t0 = time.perf_counter()
     target_dir, out_dir = Path(target_dir), Path(out_dir)
+    check_run(recipe, target_dir, out_dir)
     resume_dir = (
         out_dir / "resume"
     )  # training state while the run lasts; removed once the draft is saved
@@ -127,7 +145,9 @@ def train_standalone(
         recipe.loop_optim(t0),
         device,
         desc="standalone draft",
-        resume=Resume(resume_dir / "state.pt", recipe.resume_every, gen),
+        resume=Resume(
+            resume_dir / "state.pt", recipe.resume_every, gen, run_identity(recipe, target_dir)
+        ),
         ranks=ranks,
     )
     state = model_state_dict(draft, ranks.full_parameters(draft))
