@@ -275,15 +275,15 @@ def load_checkpoint(
                     if part is not None:
                         continue
                     raise CheckpointError(
-                        f"unexpected tensor {name!r} in {path.name}: the model has no such parameter"
+                        f"unexpected tensor {name!r} in {path}: the model has no such parameter"
                     )
                 if name in seen:  # (which copy is meant, the index does not say to every reader)
                     raise CheckpointError(
-                        f"tensor {name!r} is stored twice, in {seen[name]} and {path.name}"
+                        f"tensor {name!r} is stored twice, in {seen[name]} and {path}"
                     )
                 param = params.get(name, buffers.get(name))
                 _load_tensor(f, name, path, param, finite, scale=name in scales)
-                seen[name] = path.name
+                seen[name] = str(path)
     missing = sorted(set(params) - set(seen))
     if missing:
         raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {_listed(missing)}")
@@ -356,7 +356,7 @@ def _read(f, name: str, path: Path, param: torch.Tensor) -> torch.Tensor:
     if full != expected:
         held = "" if shard is None else f" (of which this rank holds {tuple(param.shape)})"
         raise CheckpointError(
-            f"tensor {name!r} in {path.name} has shape {full}, the model expects {expected}{held}"
+            f"tensor {name!r} in {path} has shape {full}, the model expects {expected}{held}"
         )
     return f.get_tensor(name) if shard is None else shard.read(part, full)
 

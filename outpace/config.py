@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from outpace.validation import ConfigError, is_finite_number, require, require_positive_int
+from outpace.validation import ConfigError, is_finite_number, is_int, require, require_positive_int
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,22 @@ class SpeculativeConfig:
         from outpace.registry import PROPOSERS, proposer_class
 
         o = "SpeculativeConfig"
+        require(
+            o,
+            "adaptive",
+            self.adaptive,
+            self.adaptive is None or isinstance(self.adaptive, bool),
+            "true, false or None",
+        )
+        for name in ("draft", "token_map"):
+            value = getattr(self, name)
+            require(
+                o,
+                name,
+                value,
+                value is None or isinstance(value, (str, os.PathLike)),
+                "a path or None",
+            )
         if self.adaptive is None:
             object.__setattr__(
                 self, "adaptive", self.num_steps is None and self.num_draft_tokens is None
@@ -79,7 +95,7 @@ class SpeculativeConfig:
             o,
             "ngram_max",
             self.ngram_max,
-            isinstance(self.ngram_max, int) and self.ngram_max >= self.ngram_min,
+            is_int(self.ngram_max) and self.ngram_max >= self.ngram_min,
             f"an integer >= ngram_min={self.ngram_min}",
         )
 

@@ -80,6 +80,8 @@ def check_before_loading(config: EngineConfig, model_config: ModelConfig) -> Non
             f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
             f"with a draft checkpoint: give its directory"
         )
+    if spec.enabled:
+        proposer_class(spec.method).check_draft_field(spec)
     if spec.enabled and spec.draft and proposer_class(spec.method).takes_draft_checkpoint:
         checkpoint_files(spec.draft)
     if config.max_model_len is not None and config.max_model_len > max_pos:

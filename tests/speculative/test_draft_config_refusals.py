@@ -159,15 +159,41 @@ def test_dflash_config_fields_are_refused_by_name(tmp_path, tinypy, edit, messag
 # ---- the drafter's draft field (Python API) ---------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (dict(method="ngram", ngram_max=True), "ngram_max=True is invalid"),
+        (dict(method="ngram", adaptive="yes"), "adaptive='yes' is invalid"),
+        (dict(method="ngram", adaptive=1), "adaptive=1 is invalid"),
+        (dict(method="eagle3", draft=5), "draft=5 is invalid: must be a path or None"),
+        (dict(method="mtp", token_map=7), "token_map=7 is invalid: must be a path or None"),
+    ],
+)
+def test_speculative_fields_of_the_wrong_type_are_refused(fields, message):
+    """They were taken as given (True as 1, 'yes' as adaptive) or failed far from the field."""
+    with pytest.raises(ConfigError, match=rf"SpeculativeConfig\.{message}"):
+        SpeculativeConfig(**fields)
+
+
+@pytest.fixture
+def target_never_loads(monkeypatch):
+    """The draft field is refused before the target (minutes to load at real size) loads."""
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the target loaded before the draft field was checked")
+
+    monkeypatch.setattr("outpace.engine.start_up.load_model", load_model)
+
+
 @pytest.mark.parametrize("method", ["mtp", "ngram"])
-def test_a_draft_for_a_drafter_that_loads_none_is_refused(method):
+def test_a_draft_for_a_drafter_that_loads_none_is_refused(method, target_never_loads):
     """The CLI refused --draft for these; the API ignored SpeculativeConfig.draft."""
     spec = SpeculativeConfig(method, draft=str(ZOO / "tinypy-eagle3"))
     with pytest.raises(ConfigError, match=rf"draft=.*method '{method}' loads no draft checkpoint"):
         LLM(str(ZOO / "tinypy"), device="cpu", speculative=spec)
 
 
-def test_a_target_checkpoint_given_as_eagle3_draft_is_named():
+def test_a_target_checkpoint_given_as_eagle3_draft_is_named(target_never_loads):
     """It failed deep in the loader on "unexpected tensor 'model.embed_tokens.weight' in model.safetensors"."""
     spec = SpeculativeConfig("eagle3", draft=str(ZOO / "tinypy"))
     with pytest.raises(ConfigError, match=r"draft=.* no fc\.weight tensor.*a target checkpoint\?"):
