@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from outpace.validation import ConfigError, is_finite_number, is_int, require, require_positive_int
 
@@ -27,7 +28,7 @@ class SpeculativeConfig:
 
     method: str = "none"
     draft: str | None = None
-    num_steps: int | None = None  # None: 5
+    num_steps: int | None = None  # None: the drafter's default (5; a DFlash draft's block_size - 1)
     adaptive: bool | None = None
     topk: int = 1
     num_draft_tokens: int | None = None
@@ -60,10 +61,13 @@ class SpeculativeConfig:
             object.__setattr__(
                 self, "adaptive", self.num_steps is None and self.num_draft_tokens is None
             )
-        if self.num_steps is None:
-            object.__setattr__(self, "num_steps", 5)
         methods = ("none", *PROPOSERS)
         require(o, "method", self.method, self.method in methods, f"one of {', '.join(methods)}")
+        if self.num_steps is None:  # the drafter's default for its draft (a DFlash draft's block)
+            default = 5
+            if self.method != "none" and self.draft is not None:
+                default = proposer_class(self.method).default_num_steps(Path(self.draft))
+            object.__setattr__(self, "num_steps", default)
         require_positive_int(o, "num_steps", self.num_steps)
         require_positive_int(o, "topk", self.topk)
         if self.num_draft_tokens is None:

@@ -75,15 +75,12 @@ def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
             )
         check_token_map(a.speculative_token_map, a.model)
     draft = draft_checkpoint(a, method, drafter)
-    num_steps = a.num_steps
-    if num_steps is None:
-        num_steps = drafter.default_num_steps(Path(a.model), draft)
     # --num-steps / --num-draft-tokens fix the shape; without them each step chooses up to this one
     fixed = a.num_steps is not None or a.num_draft_tokens is not None
     return SpeculativeConfig(
         method,
         None if draft is None else str(draft),
-        num_steps=num_steps,
+        num_steps=a.num_steps,  # None: the drafter's default (SpeculativeConfig)
         topk=a.topk,
         num_draft_tokens=a.num_draft_tokens,
         adaptive=not fixed,

@@ -404,9 +404,9 @@ class Proposer(abc.ABC):
     narrow_window: int = 0
 
     @classmethod
-    def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
+    def default_num_steps(cls, draft_dir: Path) -> int:
         """Draft steps per verify when none is asked for (adaptive drafting chooses up to this many),
-        for this target and draft checkpoint."""
+        for this draft checkpoint (``SpeculativeConfig.num_steps`` None)."""
         return 5
 
     @classmethod

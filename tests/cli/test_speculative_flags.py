@@ -8,6 +8,7 @@ import pytest
 
 import outpace
 from outpace.cli import main
+from outpace.config import SpeculativeConfig
 from outpace.registry import proposer_class
 from outpace.zoo import default_draft, zoo_dir
 
@@ -42,14 +43,21 @@ def test_mtp_on_a_qwen35_target_runs_with_default_flags(capsys):
 
 
 def test_drafters_declare_their_default_steps():
-    tinypy = ZOO / "tinypy"
-    # past the target's layers (2 and 3) the last one drafts on
-    assert proposer_class("mtp").default_num_steps(ZOO / "tinyqwen35", None) == 5
-    assert proposer_class("mtp").default_num_steps(tinypy, None) == 5
+    """num_steps None (the CLI without --num-steps, or the API) is the drafter's default for its draft."""
     dflash = json.loads((ZOO / "tinypy-dflash" / "config.json").read_text())
-    steps = proposer_class("dflash").default_num_steps(tinypy, ZOO / "tinypy-dflash")
-    assert steps == dflash["block_size"] - 1
-    assert proposer_class("eagle3").default_num_steps(tinypy, ZOO / "tinypy-eagle3") == 5
+    assert (
+        proposer_class("dflash").default_num_steps(ZOO / "tinypy-dflash")
+        == dflash["block_size"] - 1
+    )
+    assert proposer_class("eagle3").default_num_steps(ZOO / "tinypy-eagle3") == 5
+    spec = SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"))
+    assert (spec.num_steps, spec.num_draft_tokens) == (
+        dflash["block_size"] - 1,
+        dflash["block_size"],
+    )
+    assert spec.adaptive
+    assert SpeculativeConfig("mtp").num_steps == 5
+    assert SpeculativeConfig("dflash", str(ZOO / "tinypy-dflash"), num_steps=3).num_steps == 3
 
 
 def test_a_zoo_model_finds_its_zoo_draft():

@@ -206,7 +206,7 @@ def test_healthy_drafts_still_serve_losslessly():
     plain = LLM(str(ZOO / "tinypy"), device="cpu", dtype="float32").generate(prompts, params)
     for spec in (
         SpeculativeConfig("eagle3", draft=str(ZOO / "tinypy-eagle3")),
-        SpeculativeConfig("dflash", draft=str(ZOO / "tinypy-dflash"), num_steps=7),
+        SpeculativeConfig("dflash", draft=str(ZOO / "tinypy-dflash")),  # num_steps: its block's
     ):
         llm = LLM(str(ZOO / "tinypy"), device="cpu", dtype="float32", speculative=spec)
         outs = llm.generate(prompts, params)

@@ -48,7 +48,7 @@ class DFlashProposer(Proposer):
     takes_token_map = True  # the draft predicts with the target's head
 
     @classmethod
-    def default_num_steps(cls, target_dir: Path, draft_dir: Path | None) -> int:
+    def default_num_steps(cls, draft_dir: Path) -> int:
         """The draft's block size - 1: a block is the bonus token and one mask per draft step."""
         return dflash_block_size(draft_dir) - 1
 
