@@ -40,7 +40,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--reproduce-steps",
         type=int,
         default=None,
-        help="instead of training: run the recipe's first N steps twice and compare the curves",
+        metavar="N",
+        help="instead of training: run the recipe's first N (>= 1) steps twice and compare the curves",
     )
     tt.set_defaults(func=run_target)
     td = tsub.add_parser("draft", help="a draft for a trained target")
@@ -53,8 +54,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         default=None,
         metavar="FILE",
-        help="prompt files (.jsonl: one prompt per line; other: plain text cut into prompt windows); "
-        "the target regenerates the responses (default: the zoo corpus)",
+        help="prompt files, read by suffix: .jsonl: one record per line; .json: a list of records; any "
+        "other: plain text cut into prompt windows (a record: a string, or an object with "
+        "prompt/text/input/question, or with messages/conversations, ShareGPT's form too); the "
+        "target regenerates the responses (default: the zoo corpus)",
     )
     td.add_argument(
         "--eval-prompts",
@@ -62,13 +65,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="JSON list of held-out prompts for the final acceptance run (default: the zoo's)",
     )
     td.add_argument("--num-continuations", type=int, help="continuations the target generates")
-    td.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="any other recipe field (VALUE read as JSON, else as a string); repeatable",
-    )
     td.add_argument(
         "--nproc-per-node",
         type=int,
@@ -83,13 +79,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
-    """Flags every recipe takes; --steps, --max-minutes and --seed override the recipe's values."""
+    """Flags every recipe takes; --steps, --max-minutes, --seed and --set override the recipe's values."""
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda")
     p.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
     p.add_argument("--steps", type=int)
     p.add_argument("--max-minutes", type=float)
     p.add_argument("--seed", type=int)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="any other recipe field (VALUE read as JSON, else as a string); repeatable",
+    )
 
 
 def recipe_overrides(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
@@ -99,9 +102,12 @@ def recipe_overrides(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
 def run_target(a: argparse.Namespace) -> None:
     from outpace.train.target import TargetRecipe, reproducibility_check, train_target
 
-    overrides = recipe_overrides(a, ("steps", "max_minutes", "seed"))
-    recipe = TargetRecipe.toy(**overrides) if a.toy else TargetRecipe(**overrides)
-    if a.reproduce_steps:
+    overrides = {**recipe_overrides(a, ("steps", "max_minutes", "seed")), **field_values(a.set)}
+    try:
+        recipe = TargetRecipe.toy(**overrides) if a.toy else TargetRecipe(**overrides)
+    except TypeError as e:  # a --set field the recipe does not have
+        raise ValueError(f"TargetRecipe: {e}") from None
+    if a.reproduce_steps is not None:  # (0 is refused, not taken for "train")
         result = reproducibility_check(recipe, a.reproduce_steps, a.device, Path(a.out))
         print(json.dumps({k: result[k] for k in ("max_abs_diff", "mean_abs_diff", "device")}))
         return

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -54,11 +55,20 @@ from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
 from outpace.train.loop import OptimConfig, plot_history, train
 from outpace.train.metrics_file import write_metrics
-from outpace.train.target import evaluate, init_weights, mtp_forward_losses, sample_completions
+from outpace.train.run_checks import check_field, check_field_types
+from outpace.train.target import (
+    check_model_fields,
+    check_target_out,
+    evaluate,
+    init_weights,
+    mtp_forward_losses,
+    sample_completions,
+)
 from outpace.train.tokenizer import EOS_TOKEN, PAD_TOKEN, save_tokenizer, special_token_ids
 from outpace.zoo import TARGET, zoo_dir
 
 DEEPSEEK, GEMMA, QWEN35 = "DeepseekV3ForCausalLM", "Gemma3ForCausalLM", "Qwen3_5ForCausalLM"
+ARCHITECTURES = (DEEPSEEK, GEMMA, QWEN35)
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,79 @@ class FamilyRecipe:
     heldout_fraction: float = 0.05
     max_corpus_bytes: int | None = 30_000_000
     eval_windows: int = 32
+
+    def __post_init__(self) -> None:
+        """Every field's type against its annotation (``check_field_types``), then its range (the fields shared
+        with tinypy's recipe: train/target.py ``check_model_fields``), each refused by name at construction.
+        Every family's fields are checked, whichever family the recipe trains, but Qwen3.5's partial rotary
+        fraction (the others rotate whole heads)."""
+        check_field_types(self)
+        check_field(
+            self, "architecture", self.architecture in ARCHITECTURES, f"one of {ARCHITECTURES}"
+        )
+        check_model_fields(self)
+
+        def check(name: str, ok: bool, allowed: str) -> None:
+            check_field(self, name, ok, allowed)
+
+        check("q_lora_rank", self.q_lora_rank is None or self.q_lora_rank >= 1, "None or >= 1")
+        for name in (
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "n_group",
+            "topk_group",
+            "moe_intermediate_size",
+            "head_dim",
+            "sliding_window",
+            "sliding_window_pattern",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "full_attention_interval",
+        ):
+            check(name, getattr(self, name) >= 1, ">= 1")
+        for name in ("qk_rope_head_dim", "head_dim"):
+            check(name, getattr(self, name) % 2 == 0, "even (rotary embeddings rotate pairs)")
+        check(
+            "n_routed_experts",
+            self.n_routed_experts % self.n_group == 0,
+            f"a multiple of n_group ({self.n_group})",
+        )
+        check("topk_group", self.topk_group <= self.n_group, f"<= n_group ({self.n_group})")
+        kept = self.topk_group * (self.n_routed_experts // self.n_group)
+        check(
+            "num_experts_per_tok",
+            self.num_experts_per_tok <= kept,
+            f"<= the {kept} experts of the topk_group ({self.topk_group}) groups kept",
+        )
+        check("n_shared_experts", self.n_shared_experts >= 0, ">= 0")
+        check(
+            "first_k_dense_replace",
+            0 <= self.first_k_dense_replace <= self.num_layers,
+            f"in [0, num_layers ({self.num_layers})]",
+        )
+        check(
+            "bias_update_speed",
+            math.isfinite(self.bias_update_speed) and self.bias_update_speed >= 0,
+            "a finite number >= 0",
+        )
+        check(
+            "linear_num_value_heads",
+            self.linear_num_value_heads % self.linear_num_key_heads == 0,
+            f"a multiple of linear_num_key_heads ({self.linear_num_key_heads})",
+        )
+        if self.architecture == QWEN35:  # the only family with partial rotary embeddings
+            rotary = int(self.head_dim * self.partial_rotary_factor)
+            check(
+                "partial_rotary_factor",
+                0 < self.partial_rotary_factor <= 1 and rotary >= 2 and rotary % 2 == 0,
+                f"in (0, 1], rotating an even number >= 2 of head_dim's ({self.head_dim}) dimensions",
+            )
 
     @property
     def is_deepseek(self) -> bool:
@@ -334,8 +417,16 @@ def checkpoint_tensors(model: torch.nn.Module, copies: bool) -> dict[str, torch.
 
 
 def prepare_data(r: FamilyRecipe, tokenizer_dir: Path, roots=None):
-    """The zoo corpus split, tokenized with the zoo tokenizer: (corpus, tokenizer, train, held-out)."""
+    """The zoo corpus split, tokenized with the zoo tokenizer: (corpus, tokenizer, train, held-out). A recipe
+    whose vocabulary is smaller than the tokenizer's is refused before the corpus is read."""
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    size = tok.get_vocab_size()
+    check_field(
+        r,
+        "vocab_size",
+        r.vocab_size >= size,
+        f">= the {size} tokens of the tokenizer in {tokenizer_dir}",
+    )
     corpus = build_corpus(
         roots, heldout_fraction=r.heldout_fraction, max_total_bytes=r.max_corpus_bytes
     )
@@ -357,8 +448,13 @@ def train_family_target(
     num_samples: int = 2,
     command: str = "",
 ) -> dict:
+    """Train, evaluate and save the family target ``r`` as a HF directory in ``out_dir``, which is checked first
+    (train/target.py ``check_target_out``: not the tokenizer's directory, whose target it would overwrite)."""
+    tokenizer_dir = Path(tokenizer_dir or zoo_dir() / TARGET)
+    why = "it holds the tokenizer this run reads, beside a target whose files this run's would overwrite"
+    check_target_out(out_dir, roots, (("the tokenizer's directory", tokenizer_dir, why),))
     t0 = time.perf_counter()
-    corpus, tok, stream, heldout = prepare_data(r, Path(tokenizer_dir or zoo_dir() / TARGET), roots)
+    corpus, tok, stream, heldout = prepare_data(r, tokenizer_dir, roots)
     ids = special_token_ids(tok)
     cfg_dict = hf_config(r, ids[EOS_TOKEN], ids[PAD_TOKEN])
     model = build_target(r, ModelConfig.from_dict(cfg_dict), device)
@@ -511,11 +607,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("name", choices=sorted(RECIPES))
     p.add_argument("--out", required=True)
     a, overrides = parse_budget_args(p, argv)
-    recipe = dataclasses.replace(RECIPES[a.name], **overrides)
     command = "python -m outpace.train.family_targets " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    metrics = train_family_target(recipe, Path(a.out), a.device, command=command)
+    try:  # a field or --out refused by name, not as a traceback
+        recipe = dataclasses.replace(RECIPES[a.name], **overrides)
+        metrics = train_family_target(recipe, Path(a.out), a.device, command=command)
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
     print(
         json.dumps(
             {

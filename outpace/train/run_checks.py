@@ -1,6 +1,8 @@
 """What a draft training run is checked against before it generates any data, each refused by name: every
 recipe field against its annotated type (``check_field_types``), the directories and files it reads and writes
-(``check_run``), and, on resuming, the run a saved state or cached data belongs to (``run_identity``)."""
+(``check_run``), and, on resuming, the run a saved state or cached data belongs to (``run_identity``). The
+target recipes (train/target.py, train/family_targets.py) share the first and the --out part of the second
+(``check_out_dir``), and refuse their fields' ranges in the same words (``check_field``)."""
 
 from __future__ import annotations
 
@@ -74,22 +76,39 @@ def check_field_types(recipe) -> None:
             )
 
 
-def check_run(recipe, target_dir: Path, out_dir: Path) -> None:
-    """What a draft run reads and writes, checked before it generates any data, each refused by name: ``out_dir``
-    must be a directory (or not exist yet) that can be written, and not the target's own (the draft's
-    config.json and weights would overwrite the target's); the held-out prompts (``eval_prompts``, else the
-    zoo's beside the target) must load; the prompt files and corpus directories must exist."""
-    target_dir, out_dir = Path(target_dir), Path(out_dir)
+def check_field(recipe, name: str, ok: bool, allowed: str) -> None:
+    """Refuse the field ``name`` of ``recipe`` unless ``ok``: ``allowed`` says what it must be (the words of
+    train/distill.py ``DistillRecipe.check``, for recipes that are not draft recipes)."""
+    if not ok:
+        raise ValueError(
+            f"{type(recipe).__name__}.{name}={getattr(recipe, name)!r} is invalid: must be {allowed}"
+        )
+
+
+def check_out_dir(out_dir: Path, inputs: tuple[tuple[str, Path, str], ...] = ()) -> None:
+    """Refuse, before a run does any work, an ``out_dir`` that exists and is not a directory, that is one of the
+    run's input directories (``inputs``: (its flag or name, the directory, what writing there would do)), or
+    that cannot be written (or, not existing yet, created in its nearest existing parent)."""
+    out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir}: exists and is not a directory")
-    if out_dir.resolve() == target_dir.resolve():
-        raise ValueError(
-            f"--out {out_dir} must differ from --target: it is the target's directory, whose config.json "
-            "and weights the draft's files would overwrite"
-        )
+    for name, directory, why in inputs:
+        if out_dir.resolve() == Path(directory).resolve():
+            raise ValueError(f"--out {out_dir} must differ from {name}: {why}")
     existing = next(d for d in (out_dir, *out_dir.absolute().parents) if d.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out_dir}: {existing} is not a writable directory")
+
+
+def check_run(recipe, target_dir: Path, out_dir: Path) -> None:
+    """What a draft run reads and writes, checked before it generates any data, each refused by name: ``out_dir``
+    must be a directory (or not exist yet) that can be written, and not the target's own (the draft's
+    config.json and weights would overwrite the target's; ``check_out_dir``); the held-out prompts
+    (``eval_prompts``, else the zoo's beside the target) must load; the prompt files and corpus directories must
+    exist."""
+    target_dir, out_dir = Path(target_dir), Path(out_dir)
+    target_why = "it is the target's directory, whose config.json and weights the draft's files would overwrite"
+    check_out_dir(out_dir, (("--target", target_dir, target_why),))
     type_name = type(recipe).__name__
     for f in recipe.prompt_files or ():
         if not Path(f).is_file():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,17 +25,22 @@ from outpace.attention import DenseCausalMetadata, forward_context
 from outpace.checkpoint import model_state_dict, save_checkpoint
 from outpace.model_config import ModelConfig
 from outpace.models.loader import build_model
-from outpace.train.corpus import Corpus, SourceFile, build_corpus, heldout_prompts
+from outpace.train.corpus import Corpus, SourceFile, build_corpus, default_roots, heldout_prompts
 from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
 from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
+from outpace.train.run_checks import check_field, check_field_types, check_out_dir
 from outpace.train.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
+    SPECIAL_TOKENS,
     save_tokenizer,
     special_token_ids,
     train_tokenizer,
 )
+
+# the smallest vocabulary train/tokenizer.py trains: its special tokens and the 256 byte symbols
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,31 @@ class TargetRecipe:
     max_corpus_bytes: int | None = 150_000_000
     tokenizer_sample_bytes: int = 20_000_000
     eval_windows: int = 128
+
+    def __post_init__(self) -> None:
+        """Every field's type against its annotation (``check_field_types``), then its range, each refused by
+        name at construction (``outpace train target --set FIELD=VALUE`` reaches every field)."""
+        check_field_types(self)
+        check_model_fields(self)
+        check_field(
+            self,
+            "vocab_size",
+            self.vocab_size >= MIN_VOCAB_SIZE,
+            f">= {MIN_VOCAB_SIZE} (the tokenizer's special tokens and 256 byte symbols)",
+        )
+        check_field(
+            self,
+            "hidden_size",
+            self.hidden_size % self.num_heads == 0 and self.hidden_size // self.num_heads % 2 == 0,
+            f"a multiple of num_heads ({self.num_heads}) with an even head size (rotary embeddings)",
+        )
+        check_field(
+            self,
+            "num_mtp_layers",
+            self.num_mtp_layers >= 1,
+            ">= 1 (the loss trains the MTP layers; family_targets.py trains targets without them)",
+        )
+        check_field(self, "tokenizer_sample_bytes", self.tokenizer_sample_bytes >= 1, ">= 1")
 
     @classmethod
     def toy(cls, **overrides) -> TargetRecipe:
@@ -87,6 +118,71 @@ class TargetRecipe:
                 **overrides,
             }
         )
+
+
+def check_model_fields(r) -> None:
+    """The ranges of the fields ``TargetRecipe`` and family_targets.py ``FamilyRecipe`` share (the model's shape,
+    the data and the optimisation), each refused by name; a recipe checks its own fields after calling this."""
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "seq_len",
+        "batch_size",
+        "steps",
+        "eval_windows",
+    ):
+        check_field(r, name, getattr(r, name) >= 1, ">= 1")
+    check_field(
+        r,
+        "num_kv_heads",
+        r.num_heads % r.num_kv_heads == 0,
+        f"a divisor of num_heads ({r.num_heads})",
+    )
+    check_field(
+        r,
+        "seq_len",
+        r.seq_len <= r.max_position_embeddings,
+        f"<= max_position_embeddings ({r.max_position_embeddings}): the model trains at positions up "
+        "to seq_len",
+    )
+    check_field(r, "num_mtp_layers", r.num_mtp_layers >= 0, ">= 0")
+    check_field(
+        r,
+        "mtp_loss_weight",
+        math.isfinite(r.mtp_loss_weight) and r.mtp_loss_weight >= 0,
+        "a finite number >= 0",
+    )
+    check_field(r, "lr", math.isfinite(r.lr) and r.lr > 0, "a finite number > 0")
+    check_field(r, "warmup_steps", r.warmup_steps >= 0, ">= 0")
+    check_field(r, "max_minutes", r.max_minutes is None or r.max_minutes > 0, "None or > 0")
+    check_field(r, "seed", r.seed >= 0, ">= 0")
+    check_field(
+        r,
+        "heldout_fraction",
+        0 < r.heldout_fraction < 1,
+        "in (0, 1) (the held-out files evaluate the model, the others train it)",
+    )
+    check_field(
+        r,
+        "max_corpus_bytes",
+        r.max_corpus_bytes is None or r.max_corpus_bytes >= 1,
+        "None (the whole corpus) or >= 1",
+    )
+
+
+def check_target_out(out_dir: Path, roots=None, inputs: tuple = ()) -> None:
+    """Before a target run reads its corpus: ``out_dir`` (run_checks.py ``check_out_dir``) must be a directory
+    that can be written, or not exist yet, and none of the run's input directories (``inputs``, then the corpus
+    roots, whose sources the model's files would be written among)."""
+    corpus = tuple(
+        ("the corpus root", root, "the model's files would be written among the corpus's sources")
+        for root in (default_roots() if roots is None else roots)
+    )
+    check_out_dir(out_dir, (*inputs, *corpus))
 
 
 def hf_config(recipe: TargetRecipe, eos_id: int, pad_id: int) -> dict:
@@ -146,7 +242,7 @@ def mtp_forward_losses(model, tokens: torch.Tensor, num_mtp: int, chain: bool):
     positions = torch.arange(t, device=tokens.device).repeat(b)  # [b * t]
     with forward_context(DenseCausalMetadata(b, t)):
         target_hidden = model(tokens[:, :t].reshape(-1), positions).hidden_states  # [b * t, hidden]
-    layers = list(model.mtp_layers)[:num_mtp]
+    layers = list(model.mtp_layers)[:num_mtp] if num_mtp else []  # (a Gemma target has none)
     all_logits = [
         model.compute_logits(target_hidden),
         *mtp_chain(model, layers, target_hidden, tokens, chain),
@@ -199,7 +295,9 @@ def prepare_data(recipe: TargetRecipe, roots=None):
 def train_target(
     recipe: TargetRecipe, out_dir: Path, device: str, roots=None, num_samples: int = 4
 ) -> dict:
-    """Train, evaluate and save the target (with its MTP layers) as a HF directory in ``out_dir``."""
+    """Train, evaluate and save the target (with its MTP layers) as a HF directory in ``out_dir``
+    (checked first: ``check_target_out``)."""
+    check_target_out(out_dir, roots)
     t0 = time.perf_counter()
     torch.manual_seed(recipe.seed)
     corpus, tok, train_stream, heldout_stream = prepare_data(recipe, roots)
@@ -319,6 +417,9 @@ def run_target_training(recipe: TargetRecipe, cfg: ModelConfig, stream: TokenStr
 def reproducibility_check(recipe: TargetRecipe, steps: int, device: str, out_dir: Path) -> dict:
     """Run the recipe's first ``steps`` steps twice with the same seed on the same data; write both
     loss curves (JSON + PNG overlay) and their largest difference."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"--reproduce-steps {steps!r} is invalid: must be an integer >= 1")
+    check_target_out(out_dir)
     recipe = dataclasses.replace(recipe, steps=steps, max_minutes=None)
     _, tok, stream, _ = prepare_data(recipe)
     ids = special_token_ids(tok)
