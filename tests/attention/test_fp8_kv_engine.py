@@ -109,7 +109,7 @@ def test_fp8_cache_is_float8_and_a_quarter_of_fp32(llama_dir, caplog):
 @pytest.mark.parametrize(
     "spec",
     [
-        SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=6),
+        SpeculativeConfig("oracle", None, num_steps=3, topk=2, num_draft_tokens=6),
         SpeculativeConfig("ngram", num_steps=3),
     ],
     ids=["oracle-tree", "ngram"],

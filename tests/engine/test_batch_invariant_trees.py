@@ -68,7 +68,7 @@ def test_tree_drafts_give_plain_decodings_bits(device, monkeypatch):
     plain = tokens_and_logprobs(plain_outputs)
     references = {tuple(p): o.token_ids for p, o in zip(PROMPTS, plain_outputs)}
     monkeypatch.setattr(OracleProposer, "references", references)
-    spec = SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=6)
+    spec = SpeculativeConfig("oracle", None, num_steps=3, topk=2, num_draft_tokens=6)
     tree = LLM(TINYDS, speculative=spec, **kwargs).generate(PROMPTS, PARAMS)
     assert tokens_and_logprobs(tree) == plain
     assert sum(o.spec_metrics.num_accepted_drafts for o in tree) > 0

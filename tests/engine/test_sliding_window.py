@@ -72,9 +72,7 @@ SPECS = {
     "ngram": lambda path: SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
     "draft": lambda path: SpeculativeConfig("draft", str(path), num_steps=3),
     # 7 tree rows: within the 8-row window (the metadata refuses a wider tree mask)
-    "tree": lambda path: SpeculativeConfig(
-        "oracle", "unused", num_steps=3, topk=2, num_draft_tokens=7
-    ),
+    "tree": lambda path: SpeculativeConfig("oracle", None, num_steps=3, topk=2, num_draft_tokens=7),
 }
 
 

@@ -25,7 +25,7 @@ class OracleProposer(Proposer):
     corruption = 0.3
     vocab_size = 200
     supports_trees = True
-    # it drafts from the references: the tests' draft path is a placeholder
+    # it drafts from the references (SpeculativeConfig.draft None)
     takes_draft_checkpoint = False
 
     def __init__(

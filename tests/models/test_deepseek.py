@@ -261,8 +261,8 @@ SPECS = {
     "mtp-1": SpeculativeConfig("mtp", num_steps=1),
     "mtp-3": SpeculativeConfig("mtp", num_steps=3),
     "ngram": SpeculativeConfig("ngram", num_steps=3, ngram_min=1),
-    "oracle-chain": SpeculativeConfig("oracle", "unused", num_steps=4),
-    "oracle-tree": SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=6),
+    "oracle-chain": SpeculativeConfig("oracle", None, num_steps=4),
+    "oracle-tree": SpeculativeConfig("oracle", None, num_steps=3, topk=2, num_draft_tokens=6),
 }
 
 

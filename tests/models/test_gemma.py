@@ -105,7 +105,7 @@ SPECS = {
         "draft", str(path), num_steps=3
     ),  # the target drafting for itself
     # the true continuation with 30% of the drafts corrupted: verifies that accept part of a chain
-    "oracle": lambda path: SpeculativeConfig("oracle", "unused", num_steps=3),
+    "oracle": lambda path: SpeculativeConfig("oracle", None, num_steps=3),
 }
 
 

@@ -521,7 +521,7 @@ def test_useless_drafts_are_not_drafted(monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
     expected = LLM(ZOO).generate(prompts, params)
     monkeypatch.setattr(OracleProposer, "corruption", 1.0)
-    llm = LLM(ZOO, speculative=SpeculativeConfig("oracle", "unused", num_steps=4, adaptive=True))
+    llm = LLM(ZOO, speculative=SpeculativeConfig("oracle", None, num_steps=4, adaptive=True))
     outs = llm.generate(prompts, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in expected]
     by_drafts = outs[0].spec_metrics.verifies_by_num_drafts

@@ -25,8 +25,8 @@ from outpace.registry import PROPOSERS
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 SPECS = {
-    "chain": SpeculativeConfig("oracle", "unused", num_steps=4),
-    "tree": SpeculativeConfig("oracle", "unused", num_steps=3, topk=2, num_draft_tokens=7),
+    "chain": SpeculativeConfig("oracle", None, num_steps=4),
+    "tree": SpeculativeConfig("oracle", None, num_steps=3, topk=2, num_draft_tokens=7),
 }
 
 
@@ -223,8 +223,8 @@ def test_every_slot_and_block_returns(targets, oracle, requests, variant, shape)
 # ---- sampling: the emitted tokens follow the target's distribution --------------------------------------
 # one draft deep, so the third token often comes from a second verify, which reads the state the first kept
 SAMPLING_SPECS = {
-    "chain": SpeculativeConfig("oracle", "unused", num_steps=1),
-    "tree": SpeculativeConfig("oracle", "unused", num_steps=1, topk=3, num_draft_tokens=4),
+    "chain": SpeculativeConfig("oracle", None, num_steps=1),
+    "tree": SpeculativeConfig("oracle", None, num_steps=1, topk=3, num_draft_tokens=4),
 }
 
 

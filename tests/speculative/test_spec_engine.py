@@ -13,8 +13,8 @@ from outpace.registry import PROPOSERS
 PROPOSERS["oracle"] = "helpers.oracle_proposer:OracleProposer"
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 SPECS = {
-    "chain": SpeculativeConfig("oracle", "unused", num_steps=4),
-    "tree": SpeculativeConfig("oracle", "unused", num_steps=4, topk=3, num_draft_tokens=9),
+    "chain": SpeculativeConfig("oracle", None, num_steps=4),
+    "tree": SpeculativeConfig("oracle", None, num_steps=4, topk=3, num_draft_tokens=9),
 }
 
 
