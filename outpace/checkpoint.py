@@ -238,7 +238,8 @@ def load_checkpoint(
     The model may define ``checkpoint_name(param_name) -> str`` (name map) and
     ``ignored_checkpoint_tensors`` (regexes of checkpoint tensors to skip).
     A tied head (same Parameter as the embedding) is one parameter, so a checkpoint's duplicate
-    ``lm_head.weight`` is skipped when the model ties it.
+    ``lm_head.weight`` is not loaded when the model ties it, and is refused if it differs from the embedding
+    (``_refuse_untied_heads``).
 
     ``part``: only the parameters and buffers of that submodule (e.g. "mtp_layers") are loaded, and the
     checkpoint's other tensors are skipped unread.
@@ -260,6 +261,8 @@ def load_checkpoint(
         for name in getattr(module, "checkpoint_tensors_elsewhere", list)()
     }
     scales = scale_names(model)
+    tied = _tied_heads(model, to_ckpt)
+    heads: list[tuple[str, Path]] = []  # the tied heads the checkpoint stores, and their files
     ignored = skips_tensor(model)
     seen: dict[str, str] = {}  # tensor -> the file it was read from
     finite = FinitenessCheck()
@@ -269,7 +272,11 @@ def load_checkpoint(
     ):
         with open_shard(path) as f:
             for name in f.keys():
-                if ignored(name) or (name in all_names and name not in params):
+                if ignored(name):
+                    continue
+                if name in all_names and name not in params:
+                    if name in tied and tied[name][0] in params:
+                        heads.append((name, path))
                     continue
                 if name not in params and name not in buffers:
                     if part is not None:
@@ -288,6 +295,38 @@ def load_checkpoint(
     if missing:
         raise CheckpointError(f"checkpoint {model_dir} lacks tensor(s) {_listed(missing)}")
     _refuse_non_finite(finite)
+    _refuse_untied_heads(heads, tied)
+
+
+def _tied_heads(model: nn.Module, to_ckpt) -> dict[str, tuple[str, nn.Parameter]]:
+    """The checkpoint name of each head the model ties to its embedding (``lm_head.weight``, the same
+    Parameter) -> (the embedding's checkpoint name, that Parameter)."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) not in first:
+            first[id(param)] = to_ckpt(name)
+        elif name.endswith("lm_head.weight"):
+            tied[to_ckpt(name)] = (first[id(param)], param)
+    return tied
+
+
+def _refuse_untied_heads(
+    heads: list[tuple[str, Path]], tied: dict[str, tuple[str, nn.Parameter]]
+) -> None:
+    """A checkpoint that stores a head of its own beside the embedding the config ties it to
+    (``tie_word_embeddings`` true): a copy of the embedding is fine, another head is refused, since which one
+    is meant is ambiguous (transformers 5 keeps the stored head with a warning; vLLM and SGLang drop it)."""
+    for name, path in heads:
+        embedding, param = tied[name]
+        with open_shard(path) as f:
+            stored = _read(f, name, path, param)
+        if not torch.equal(stored.to(device=param.device, dtype=param.dtype), param.detach()):
+            raise CheckpointError(
+                f"{path}: tensor {name!r} is a head of its own, not a copy of {embedding!r}, while "
+                f"config.json ties the head to the embedding (tie_word_embeddings true): set "
+                f"tie_word_embeddings false to use it, or remove it"
+            )
 
 
 def scale_names(model: nn.Module) -> set[str]:

@@ -23,7 +23,6 @@ from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_scales import load_kv_scales
 from outpace.cache.prefix_cache import PrefixCache
 from outpace.cache.state_checkpoints import StateCheckpoints
-from outpace.checkpoint import checkpoint_files
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
 from outpace.distributed.group import RankGroup
 from outpace.distributed.lockstep import DriverChoice
@@ -82,8 +81,6 @@ def check_before_loading(config: EngineConfig, model_config: ModelConfig) -> Non
         )
     if spec.enabled:
         proposer_class(spec.method).check_draft_field(spec)
-    if spec.enabled and spec.draft and proposer_class(spec.method).takes_draft_checkpoint:
-        checkpoint_files(spec.draft)
     if config.max_model_len is not None and config.max_model_len > max_pos:
         raise ConfigError(
             f"EngineConfig.max_model_len={config.max_model_len} is invalid: the model's "

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.attention.registry import get_backend
-from outpace.checkpoint import CheckpointError, checkpoint_tensor_names
+from outpace.checkpoint import CheckpointError, checkpoint_files, checkpoint_tensor_names
 from outpace.layers.sampler import SamplingTensors, random_keys
 from outpace.request import DRAWS
 from outpace.speculative.verify import VerifyResult
@@ -431,7 +431,6 @@ class Proposer(abc.ABC):
     def __init__(
         self, spec, pool, max_requests: int, device: str, attention_backend: str = "torch"
     ) -> None:
-        self.check_draft_field(spec)
         self.spec, self.pool, self.device = spec, pool, torch.device(device)
         self.max_requests = max_requests  # request indices 0 .. max_requests (the last: padding)
         self.backend = get_backend(attention_backend)
@@ -440,7 +439,8 @@ class Proposer(abc.ABC):
     def check_draft_field(cls, spec) -> None:
         """Refuse ``SpeculativeConfig.draft`` where this drafter loads no draft checkpoint (it would be ignored),
         and where it plainly is no draft checkpoint of this drafter (``draft_checkpoint_problem``): the API's
-        counterpart of the CLI's checks of --draft (cli/speculative_args.py ``draft_checkpoint``)."""
+        counterpart of the CLI's checks of --draft (cli/speculative_args.py ``draft_checkpoint``), run before the
+        target loads (engine/start_up.py ``check_before_loading``)."""
         if spec.draft is None:
             return
         where = f"SpeculativeConfig.draft={str(spec.draft)!r} is invalid"
@@ -453,6 +453,9 @@ class Proposer(abc.ABC):
         draft = Path(spec.draft)
         if not draft.is_dir():
             raise ConfigError(f"{where}: no such directory")
+        checkpoint_files(
+            draft
+        )  # its weight files readable (CheckpointError naming the one that is not)
         problem = cls.draft_checkpoint_problem(draft)
         if problem is not None:
             raise ConfigError(

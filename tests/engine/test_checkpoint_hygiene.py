@@ -166,3 +166,27 @@ def test_eagle3_aux_layer_ids_of_another_type_are_refused_naming_file_and_field(
         lambda: load_eagle3_draft(draft, target, torch.float32, "cpu"),
         "'eagle_config.eagle_aux_hidden_state_layer_ids'",
     )
+
+
+@pytest.mark.parametrize("head", ["own", "copy"])
+def test_a_stored_head_beside_a_tied_embedding_is_refused_unless_a_copy(head, tmp_path):
+    """tie_word_embeddings true with an lm_head.weight stored too: the stored head was dropped silently (so
+    were its tokens, where it is a head of its own); a copy of the embedding, as some exporters write, loads."""
+    from safetensors.torch import load_file, save_file
+
+    from outpace.checkpoint import CheckpointError
+
+    path = tmp_path / "tinypy"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "zoo" / "tinypy", path)
+    tensors = load_file(path / "model.safetensors")
+    embedding = tensors["model.embed_tokens.weight"]
+    tensors["lm_head.weight"] = embedding.clone() if head == "copy" else embedding.flip(0)
+    save_file(tensors, path / "model.safetensors")
+    if head == "copy":
+        load_model(path, torch.float32)
+        return
+    message = (
+        r"model\.safetensors: tensor 'lm_head\.weight' is a head of its own.*tie_word_embeddings"
+    )
+    with pytest.raises(CheckpointError, match=message):
+        load_model(path, torch.float32)
