@@ -171,6 +171,16 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         """``cfg``: the config.json object; ``source`` names it in errors (its path)."""
+        # checks that name the field alone (``require``, __post_init__) get the file named too
+        try:
+            return cls._from_dict(cfg, source)
+        except ConfigError as e:
+            if str(e).startswith(f"{source}:"):
+                raise
+            raise ConfigError(f"{source}: {e}") from None
+
+    @classmethod
+    def _from_dict(cls, cfg: dict, source: str) -> ModelConfig:
         if not isinstance(cfg, dict):
             raise ConfigError(f"{source}: must hold a JSON object, got a {type(cfg).__name__}")
         arch = _architecture(ConfigFields(cfg, source))
@@ -328,25 +338,34 @@ COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
 def _refuse_unimplemented(family: type, arch: str, fields: ConfigFields) -> None:
     """Refuse config.json entries outside the family's own fields that would change what the model
     computes and that outpace does not implement."""
-    for key in ("rope_parameters", "rope_scaling"):
-        rope = fields.mapping(key)
-        # transformers modeling_rope_utils: rotate only int(head_dim * partial_rotary_factor) dimensions.
-        factor = 1.0 if rope is None else rope.number("partial_rotary_factor", 1.0, positive=True)
-        require(
-            "ModelConfig",
-            f"{key}.partial_rotary_factor",
-            factor,
-            factor == 1.0 or family.partial_rotary,
+    # transformers 5 (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict) moves a top-level
+    # partial_rotary_factor into rope_parameters where they lack one: refused as one there would be.
+    top = fields.number("partial_rotary_factor", 1.0, positive=True)
+    if top != 1.0 and not (family.partial_rotary or family.own_partial_rotary_factor):
+        raise fields.fail(
+            "partial_rotary_factor",
+            top,
             f"1.0 (partial rotary embeddings are not implemented for {arch})",
         )
-        beta = None if rope is None else rope.get("llama_4_scaling_beta")
-        require(
-            "ModelConfig",
-            f"{key}.llama_4_scaling_beta",
-            beta,
-            beta is None or family.query_scaling,
-            f"absent (Ministral 3's query scaling is not implemented for {arch})",
-        )
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = fields.mapping(key)
+        if rope is None:
+            continue
+        # transformers modeling_rope_utils: rotate only int(head_dim * partial_rotary_factor) dimensions.
+        factor = rope.number("partial_rotary_factor", 1.0, positive=True)
+        if not (factor == 1.0 or family.partial_rotary):
+            raise rope.fail(
+                "partial_rotary_factor",
+                factor,
+                f"1.0 (partial rotary embeddings are not implemented for {arch})",
+            )
+        beta = rope.get("llama_4_scaling_beta")
+        if not (beta is None or family.query_scaling):
+            raise rope.fail(
+                "llama_4_scaling_beta",
+                beta,
+                f"absent (Ministral 3's query scaling is not implemented for {arch})",
+            )
 
 
 def _text_model_config(cfg: dict) -> dict:

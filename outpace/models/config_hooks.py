@@ -21,6 +21,9 @@ class ConfigHooks:
     # Whether rope_parameters' partial_rotary_factor below 1 (RoPE on the leading part of each head)
     # is implemented; elsewhere it is refused.
     partial_rotary: ClassVar[bool] = False
+    # Whether the family reads a top-level partial_rotary_factor itself (transformers 5 moves one into
+    # rope_parameters); elsewhere, unless ``partial_rotary``, one other than 1.0 is refused.
+    own_partial_rotary_factor: ClassVar[bool] = False
     # Whether rope_parameters' llama_4_scaling_beta (Ministral 3's query temperature by position,
     # ModelConfig.query_scaling) is implemented; elsewhere it is refused.
     query_scaling: ClassVar[bool] = False

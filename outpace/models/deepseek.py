@@ -55,7 +55,7 @@ from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE
 from outpace.models.drafts.mtp import OwnHeadsMTPBlock
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
 from outpace.models.multimodal import TextOfMultimodal, llava_text_name
-from outpace.validation import ConfigFields, require
+from outpace.validation import ConfigFields, is_finite_number, is_int, require
 
 V2, V3 = "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"
 # Mistral Small 4 (transformers' mistral4, mistralai/Mistral-Small-4-119B-2603): DeepSeek-V3's layers (MLA, a MoE
@@ -322,6 +322,17 @@ def _refuse_unimplemented(raw: dict, arch: str, heads: int, kv_heads: int) -> No
         )
     require(
         o, "qk_rope_head_dim", raw["qk_rope_head_dim"], raw["qk_rope_head_dim"] % 2 == 0, "even"
+    )
+    # the types the model reads these as (a string there meant a bare ValueError at build, or bool("x"))
+    for name in ("attention_bias", "mlp_bias", "rope_interleave", "norm_topk_prob"):
+        value = raw.get(name, False)
+        require(o, name, value, isinstance(value, bool), "true or false")
+    for name in ("n_shared_experts", "first_k_dense_replace"):
+        value = raw[name]
+        require(o, name, value, value is None or is_int(value) and value >= 0, "an integer >= 0")
+    scale = raw["routed_scaling_factor"]
+    require(
+        o, "routed_scaling_factor", scale, is_finite_number(scale) and scale > 0, "a number > 0"
     )
     q_rank = raw["q_lora_rank"]
     require(

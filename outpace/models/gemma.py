@@ -264,6 +264,10 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
     (layers/embedding.py ``vocab_shard_of``)."""
 
     shards_over_ranks = True
+    # transformers 5.24's Gemma3TextConfig and Gemma4TextConfig leave a top-level partial_rotary_factor out of
+    # their rope_parameters keyed by layer type, so their models ignore it: here too (Gemma 4's partial rotary
+    # is its full_attention rope_parameters' own factor)
+    own_partial_rotary_factor = True
 
     set_aux_hidden_state_layers = LlamaForCausalLM.set_aux_hidden_state_layers
     _model_output = LlamaForCausalLM._model_output
@@ -275,6 +279,12 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
         """Gemma3TextConfig / Gemma4TextConfig name the MLP's activation ``hidden_activation`` (default
         gelu_pytorch_tanh) and ignore a ``hidden_act``: one that says otherwise is refused, not obeyed (before,
         it was, and a missing ``hidden_activation`` meant silu: tokens other than transformers')."""
+        # soft-capped logits are cap * tanh(logits / cap), scores scaled by query_pre_attn_scalar ** -0.5: a 0 or
+        # a string there met a NaN or a bare ValueError (a negative cap computes what its absolute value does)
+        cap = cfg.number("final_logit_softcapping", None)
+        if cap is not None and cap == 0:
+            raise cfg.fail("final_logit_softcapping", cap, "None or a number other than 0")
+        cfg.number("query_pre_attn_scalar", None, positive=True)
         act = cfg.string("hidden_activation", "gelu_pytorch_tanh")
         other = cfg.string("hidden_act", None)
         if other is not None and other != act:

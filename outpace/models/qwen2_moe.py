@@ -30,6 +30,10 @@ from outpace.validation import ConfigFields
 class Qwen2MoeForCausalLM(MixtureStack, Qwen2ForCausalLM):
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
+        # the widths and the flag layer_factory reads, of their types (a string there met a bare TypeError)
+        cfg.integer("moe_intermediate_size", None)
+        cfg.integer("shared_expert_intermediate_size", None)
+        cfg.boolean("norm_topk_prob", False)
         # Qwen2MoeAttention: q/k/v biases with qkv_bias (default true), none on o_proj
         return {"attention_bias": cfg.boolean("qkv_bias", True), "attention_out_bias": False}
 

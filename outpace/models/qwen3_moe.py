@@ -80,6 +80,11 @@ class Qwen3MoeConfig:
 
 class Qwen3MoeForCausalLM(MixtureStack, Qwen3ForCausalLM):
     @classmethod
+    def config_overrides(cls, cfg: ConfigFields) -> dict:
+        cfg.boolean("norm_topk_prob", False)  # (bool("x") renormalised before: refused by name now)
+        return super().config_overrides(cfg)
+
+    @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
         # transformers Qwen3MoeConfig.__post_init__ keeps sliding_window only with use_sliding_window, and
         # Qwen3MoeAttention then slides on every layer (no max_window_layers, no layer_types)

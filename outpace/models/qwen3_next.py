@@ -501,6 +501,30 @@ class Qwen3NextModel(nn.Module):
         self.norm = Float32RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
 
 
+def _check_types(cfg: ConfigFields) -> None:
+    """The family's own fields of the types Qwen3NextConfig reads them as, refused by name (file and field)
+    otherwise: before, a string or a 0 there met a bare TypeError or ZeroDivisionError at build."""
+    for name in (
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "full_attention_interval",
+        "decoder_sparse_step",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "num_experts_per_tok",
+    ):
+        cfg.integer(name, None)
+    cfg.integer("num_experts", None, minimum=0)
+    cfg.number("partial_rotary_factor", None, positive=True)
+    cfg.strings("layer_types")
+    cfg.integers("mlp_only_layers")
+    cfg.boolean("norm_topk_prob", True)
+    cfg.boolean("attention_bias", False)
+
+
 class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
@@ -508,6 +532,7 @@ class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
+        _check_types(cfg)
         # Qwen3_5MoeTextConfig has no intermediate_size: no layer has a dense MLP (the MTP layers neither), so
         # ModelConfig's field holds the experts' width, which no module reads
         if cfg.get("model_type") == "qwen3_5_moe_text" and cfg.get("intermediate_size") is None:

@@ -6,6 +6,8 @@ fails the test, so a transformers upgrade that adds one has to be looked at. "Im
 checked, not trusted: setting the field to another value must change the loaded ModelConfig.
 """
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -231,3 +233,60 @@ def test_layer_windows_follow_transformers(arch):
                 layer.self_attn, "sliding_window", getattr(hf_cfg, "sliding_window", None)
             )
             assert ours.layer_window(i) == expected, (extra, i)
+
+
+# A family without partial rotary, its transformers config class, beside what it needs to build
+TOP_LEVEL_ROTARY_REFUSED = {
+    **{arch: (cls, {}) for arch, cls in CLASSES.items()},
+    "MixtralForCausalLM": ("MixtralConfig", {}),
+    "Qwen2MoeForCausalLM": ("Qwen2MoeConfig", {}),
+    "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", {}),
+    "DeepseekV2ForCausalLM": ("DeepseekV2Config", {}),
+    "DeepseekV3ForCausalLM": ("DeepseekV3Config", {}),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(TOP_LEVEL_ROTARY_REFUSED))
+def test_a_top_level_partial_rotary_factor_is_refused_where_not_implemented(arch):
+    """transformers 5 moves a top-level partial_rotary_factor into rope_parameters (convert_rope_params_to_dict):
+    one other than 1.0 is refused by name as one inside rope_parameters is, not dropped; 1.0 loads."""
+    cls, extra = TOP_LEVEL_ROTARY_REFUSED[arch]
+    config_class = getattr(transformers, cls)
+    base = {**config_class(num_hidden_layers=4, **extra).to_dict(), "architectures": [arch]}
+    # (transformers writes into the rope_parameters it is given)
+    moved = config_class.from_dict(copy.deepcopy({**base, "partial_rotary_factor": 0.5}))
+    assert moved.rope_parameters["partial_rotary_factor"] == 0.5
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_dict({**base, "partial_rotary_factor": 0.5}, "ckpt/config.json")
+    assert "ckpt/config.json" in str(err.value) and "'partial_rotary_factor'" in str(err.value)
+    assert "0.5" in str(err.value)
+    assert ModelConfig.from_dict({**base, "partial_rotary_factor": 1.0}) == ModelConfig.from_dict(
+        base
+    )
+    refused({**base, "partial_rotary_factor": "0.5"}, "partial_rotary_factor", "'0.5'")
+
+
+def test_a_top_level_partial_rotary_factor_loads_where_implemented():
+    """Qwen3-Next rotates that part of each head (models/qwen3_next.py); Gemma 3 and 4 configs keep their
+    rope_parameters by layer type, which transformers leaves it out of (their models ignore it)."""
+    from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
+    from helpers.hybrid_models import HYBRIDS
+
+    cls, fields = HYBRIDS["qwen3_next"]
+    qwen = {
+        **getattr(transformers, cls)(**fields).to_dict(),
+        "architectures": ["Qwen3NextForCausalLM"],
+    }
+    qwen.pop("rope_parameters")
+    for factor in (0.5, 0.25):
+        cfg = ModelConfig.from_dict({**qwen, "partial_rotary_factor": factor})
+        assert cfg.raw["partial_rotary_factor"] == factor
+    for cls, fields, arch in (
+        ("Gemma3TextConfig", GEMMA3_TEXT, "Gemma3ForCausalLM"),
+        ("Gemma4TextConfig", GEMMA4_TEXT, "Gemma4ForCausalLM"),
+    ):
+        base = {**getattr(transformers, cls)(**fields).to_dict(), "architectures": [arch]}
+        config_class = getattr(transformers, cls)
+        given = config_class.from_dict(copy.deepcopy({**base, "partial_rotary_factor": 0.5}))
+        assert given.rope_parameters == config_class.from_dict(copy.deepcopy(base)).rope_parameters
+        assert ModelConfig.from_dict({**base, "partial_rotary_factor": 0.5}).architecture == arch
