@@ -23,7 +23,7 @@ import torch
 from outpace.attention.registry import resolve_backend_name
 from outpace.cache.prefix_cache import PrefixCacheStats
 from outpace.config import EngineConfig
-from outpace.detokenizer import update_text
+from outpace.detokenizer import final_text, update_text
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import Lockstep, requests_of
@@ -570,11 +570,12 @@ class LLMEngine:
     def _detokenize(self, req: Request) -> None:
         """The final text. A token that stopped the request (EOS or a ``stop_token_ids`` one) stays in its
         token ids but not in its text, unless ``include_stop_str_in_output`` (vLLM's detokenizer: with
-        ``skip_special_tokens`` off, "<|im_end|>" would otherwise end every answer)."""
+        ``skip_special_tokens`` off, "<|im_end|>" would otherwise end every answer), nor do the tokens of a
+        character it left unfinished (detokenizer.py ``final_text``)."""
         if self.tokenizer is None:
             return
         ids, p = req.output_token_ids, req.params
         stopped_by_token = req.finish_reason == "stop" and not isinstance(req.stop_reason, str)
         if stopped_by_token and not p.include_stop_str_in_output:
             ids = ids[:-1]
-        req.text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+        req.text = final_text(self.tokenizer, ids, p.skip_special_tokens)

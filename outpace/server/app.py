@@ -129,8 +129,9 @@ def build_app(
     """Load the engine and build the app. The engine thread starts and stops with the app's lifespan;
     stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts).
 
-    Limits: ``max_queued_requests`` waiting requests (429 beyond; an empty queue always takes one
-    request), ``max_tokens_limit`` per request, ``n <= max_n``, prompts x n <= ``max_choices``,
+    Limits: ``max_queued_requests`` requests waiting for a place in the running batch (429 beyond; with
+    none waiting, one group is taken whatever its size: async_engine.py ``open_stream``), ``max_tokens_limit``
+    per request, ``n <= max_n``, prompts x n <= ``max_choices``,
     bodies of ``max_body_bytes`` (413 beyond). With ``api_key`` the /v1 routes and /tokenize,
     /detokenize need the bearer token. ``data_parallel_size`` engine replicas serve behind it, each
     in a process of its own; one replica runs in this process unless ``engine_process``

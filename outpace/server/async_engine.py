@@ -179,8 +179,14 @@ class AsyncEngine:
         )
         self.error: BaseException | None = None
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        # NOTE: reentrant: the engine thread holds it across the requests a step (or an abort) ends
+        # and the places they free, so open_stream sees both or neither (``_done`` nests); never
+        # across a call into the engine, which may wait on a replica's pipe.
+        self._lock = threading.RLock()
         self._num_unfinished = 0  # submitted (or about to be) and not yet finished; under _lock
+        # the running batch as the last step left it, and the requests it held back (both less
+        # those ended since): the places open_stream counts on (``_num_waiting``); under _lock
+        self._num_running = self._num_held_back = 0
         self._stopping = False
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
         self._outbox: list[
@@ -223,24 +229,35 @@ class AsyncEngine:
     ) -> GenerationStream:
         """Queue a group of validated requests and return its output stream.
 
-        Raises QueueFull when ``max_queued`` requests already wait and this group would not fit
-        (an empty queue always takes one group), EngineError when the engine is not running.
+        Raises QueueFull when requests already wait (``_num_waiting``) and, with this group, more
+        than ``max_queued`` would (so with none waiting, one group is taken), EngineError when the
+        engine is not running.
         """
         if not self.alive or self._stopping:
             raise EngineError(
                 "the engine is not running" if not self.alive else "the server is shutting down"
             )
         with self._lock:
-            waiting = max(self._num_unfinished - self.stats.num_running, 0)
-            if max_queued is not None and waiting > 0 and waiting + len(requests) > max_queued:
+            waiting = self._num_waiting()
+            if max_queued is not None and waiting and self._num_waiting(len(requests)) > max_queued:
                 raise QueueFull(
-                    f"the server is busy: {waiting} requests are queued "
-                    f"(--max-queued-requests {max_queued}); retry later"
+                    f"the server is busy: max_queued_requests={max_queued} requests may wait for a "
+                    f"place in the running batch (--max-queued-requests) and {waiting} do; retry later"
                 )
             self._num_unfinished += len(requests)
         stream = GenerationStream(self, requests, asyncio.get_running_loop())
         self._commands.put(("add", stream))
         return stream
+
+    def _num_waiting(self, joining: int = 0) -> int:
+        """The unfinished requests (and ``joining`` more) that wait for a place in the running batch
+        (under ``_lock``). Where the last step held requests back (no KV blocks or token budget for
+        them, preempted), every later one waits behind them: all beyond the batch it left running
+        wait. Otherwise a request finds a free place among the ``max_num_seqs``, also one of a burst
+        that came before the engine's next step (not all of it waiting, as a count of the unfinished
+        less the running would have it)."""
+        seats = self._num_running if self._num_held_back else self.max_num_seqs
+        return max(self._num_unfinished + joining - seats, 0)
 
     def health(self) -> dict:
         """Details /health adds to its body: none for one engine (replicas.py lists its replicas)."""
@@ -339,8 +356,11 @@ class AsyncEngine:
         if tracked is None:
             return
         out = self.engine.abort_request(request_id)
+        # (a data-parallel replica's output comes from a later step)
         if out is not None:
-            self._record(tracked, out, time.perf_counter())
+            with self._lock:  # (it ended, and its place is free: see _lock)
+                self._record(tracked, out, time.perf_counter())
+                self._publish()
 
     def _step(self) -> None:
         start = time.perf_counter()
@@ -351,15 +371,15 @@ class AsyncEngine:
                 raise
             logger.exception("engine step failed; aborting its requests")
             error = EngineError(f"the engine failed: {e}")
-            for request_id, tracked in list(self._tracked.items()):
+            for request_id in self._tracked:
                 self.engine.abort_request(request_id)  # if this raises too, the thread dies (above)
-                self._tracked.pop(request_id, None)
-                self._done(1)
-                tracked.stream._put(error)
+            with self._lock:  # (see _lock)
+                for tracked in self._tracked.values():
+                    self._done(1)
+                    tracked.stream._put(error)
+                self._tracked.clear()
+                self._publish()
             return
-        # NOTE: publish before handing outputs out, so a client that saw its last token sees the
-        # freed KV blocks in /health and /metrics.
-        self._publish()
         now = time.perf_counter()
         for tracked in self._tracked.values():
             if not tracked.scheduled and (
@@ -371,10 +391,14 @@ class AsyncEngine:
                     self.metrics.queue_time.observe(
                         max(start - tracked.request.metrics.arrival_time, 0.0)
                     )
-        for out in outputs:
-            tracked = self._tracked.get(out.request_id)
-            if tracked is not None:
-                self._record(tracked, out, now)
+        # NOTE: publish before handing outputs out, so a client that saw its last token sees the
+        # freed KV blocks in /health and /metrics.
+        with self._lock:  # (the requests this step ended, and the places it left: see _lock)
+            for out in outputs:
+                tracked = self._tracked.get(out.request_id)
+                if tracked is not None:
+                    self._record(tracked, out, now)
+            self._publish(stepped=True)
         self._flush()
 
     def _record(self, tracked: _Tracked, out: RequestOutput, now: float) -> None:
@@ -457,11 +481,18 @@ class AsyncEngine:
         with self._lock:
             self._num_unfinished -= n
 
-    def _publish(self) -> None:
+    def _publish(self, stepped: bool = False) -> None:
+        """The stats snapshot, and the places of the running batch (``_num_waiting``): as a step left
+        them (``stepped``: the requests still waiting are those its scheduling held back), else less
+        the requests ended since (one queued since is not held back: the next step schedules it)."""
         s = self.engine.scheduler
+        running, waiting = len(s.running), len(s.waiting)
         self.stats = EngineStats(
-            len(s.running), len(s.waiting), self.engine.pool.num_free, self.engine.pool.num_blocks
+            running, waiting, self.engine.pool.num_free, self.engine.pool.num_blocks
         )
+        with self._lock:
+            self._num_running = running
+            self._num_held_back = waiting if stepped else min(self._num_held_back, waiting)
 
     def _fail_all(self, error: EngineError) -> None:
         self._flush()

@@ -9,8 +9,11 @@ streaming too), and not split for reasoning, which the constraint leaves no room
 (``response_format``, ``structured_outputs``) hold after the thinking ends (``starts_after``, as vLLM applies
 them once its reasoning parser sees the end), unless the prompt ended it.
 
-A choice that called a tool and stopped on its own ends with finish_reason "tool_calls" (OpenAI's); a call's id
-is the format's own where it has one (Kimi-K2's), else ``call_`` and 24 hex digits.
+A choice that stopped on its own after calls the model chose (tool_choice "auto", or "required": which tool,
+and how many, were its to pick) ends with finish_reason "tool_calls"; the call of a named function was the
+request's, not the model's, so that choice ends "stop" (OpenAI's answers, vLLM's since its PR #25054), whole
+and streamed alike. A call's id is the format's own where it has one (Kimi-K2's), else ``call_`` and 24 hex
+digits.
 """
 
 from __future__ import annotations
@@ -92,6 +95,12 @@ class ChatParsing:
     @property
     def parses(self) -> bool:
         return self.reasoning is not None or self.tools is not None or self.forced is not None
+
+    def finish_reason(self, reason: str | None, num_calls: int) -> str | None:
+        """The finish reason of a choice that ended for ``reason`` with ``num_calls`` calls: "tool_calls" where
+        it stopped on its own after calls the model chose (not a named function's: module docstring)."""
+        chose = num_calls > 0 and self.forced in (None, "required")
+        return "tool_calls" if chose and reason == "stop" else reason
 
     def message(self, text: str) -> dict[str, Any]:
         """The assistant message of a finished choice's text."""
@@ -190,8 +199,3 @@ def _call(call: ToolCall) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
-
-
-def finish_reason(reason: str | None, called: bool) -> str | None:
-    """OpenAI's finish_reason of a choice that ``called`` a tool: "tool_calls" where it stopped on its own."""
-    return "tool_calls" if called and reason == "stop" else reason

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from outpace.request import PositionLogprobs, RequestOutput
-from outpace.server.chat_output import ChatParsing, finish_reason
+from outpace.server.chat_output import ChatParsing
 from outpace.server.protocol import SamplingFields
 from outpace.speculative.metrics import SpecMetrics
 
@@ -189,21 +189,26 @@ class Job:
     def choice(self, index: int, out: RequestOutput) -> dict:
         text = self.echo_prefix(index) + ("" if self.echo_only else out.text)
         choice: dict[str, Any] = {"index": index}
-        called = False
+        num_calls = 0
         if self.parsing is not None:
             choice["message"] = self.parsing.message(text)
-            called = "tool_calls" in choice["message"]
+            num_calls = len(choice["message"].get("tool_calls", ()))
         elif self.chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         choice.update(
             logprobs=self.logprobs(out),
-            finish_reason=finish_reason(out.finish_reason, called),
+            finish_reason=self.finish_reason(out.finish_reason, num_calls),
             stop_reason=out.stop_reason,
             spec_metrics=out.spec_metrics.to_dict(),
         )
         return choice
+
+    def finish_reason(self, reason: str | None, num_calls: int) -> str | None:
+        """A choice's finish reason: with the chat's parsing, "tool_calls" where the model chose the calls
+        (server/chat_output.py ``ChatParsing.finish_reason``)."""
+        return reason if self.parsing is None else self.parsing.finish_reason(reason, num_calls)
 
     def _usage(self, outputs: list[RequestOutput]) -> dict:
         return usage(self.num_prompt_tokens, sum(self.num_output_tokens(o) for o in outputs))
@@ -227,12 +232,12 @@ class Job:
         num_output_tokens: int = 0,
         fields: dict[str, Any] | None = None,
         finish: RequestOutput | None = None,
-        called: bool = False,
+        num_calls: int = 0,
         role: bool = False,
     ) -> dict:
         """A stream chunk of choice ``index``; with ``continuous_usage_stats`` its usage so far
         (``num_output_tokens``). A chat's delta holds ``text`` as its content, or the parsed ``fields``
-        (server/chat_output.py ``ChoiceStream``); ``called``: the choice called a tool."""
+        (server/chat_output.py ``ChoiceStream``); ``num_calls``: the tool calls the choice sent."""
         if self.chat:
             delta: dict[str, Any] = {}
             if role:
@@ -243,7 +248,7 @@ class Job:
             choice: dict[str, Any] = {"index": index, "delta": delta}
         else:
             choice = {"index": index, "text": text or ""}
-        reason = finish_reason(finish.finish_reason, called) if finish else None
+        reason = self.finish_reason(finish.finish_reason, num_calls) if finish else None
         choice.update(logprobs=logprobs, finish_reason=reason)
         if finish is not None:
             choice["stop_reason"] = finish.stop_reason

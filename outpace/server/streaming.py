@@ -174,9 +174,11 @@ async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
             if out.finished:
                 finals[index] = out
                 final = None if job.chat else ""
-                called = state.parsed is not None and state.parsed.num_calls > 0
+                num_calls = state.parsed.num_calls if state.parsed is not None else 0
                 yield sse(
-                    job.chunk(index, final, finish=out, num_output_tokens=num_tokens, called=called)
+                    job.chunk(
+                        index, final, finish=out, num_output_tokens=num_tokens, num_calls=num_calls
+                    )
                 )
     except EngineError as e:
         yield sse(APIError(500, str(e), code="engine_error", type="server_error").to_dict())

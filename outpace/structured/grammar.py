@@ -100,9 +100,12 @@ class GrammarCompiler:
                 return compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
                 return compiler.compile_regex(spec.regex)
-            if kind == "choice":  # GBNF string literals take JSON's escapes
+            if (
+                kind == "choice"
+            ):  # GBNF string literals take JSON's escapes (a character past U+FFFF
+                # written as itself: escaped, a surrogate pair reads as two code points, invalid UTF-8)
                 return compiler.compile_grammar(
-                    "root ::= " + " | ".join(json.dumps(c) for c in spec.choice)
+                    "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
                 )
             return compiler.compile_grammar(spec.grammar)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message

@@ -288,3 +288,12 @@ def test_a_gated_grammars_masks_allow_anything_until_the_marker():
     assert torch.equal(opened[0], masks[-1])
     with pytest.raises(ConfigError, match="starts_after"):
         StructuredOutputsParams(choice=["yes"], starts_after="")
+
+
+def test_a_choice_beyond_the_basic_plane_writes_valid_utf8():
+    """A choice escaped as JSON's surrogate pair ("\\ud83d\\udc0d") was two code points to the grammar: the
+    model wrote bytes ED A0 BD ..., no character."""
+    params = SamplingParams(
+        temperature=0, max_tokens=12, structured_outputs=StructuredOutputsParams(choice=["🐍 ok"])
+    )
+    assert _llm("none").generate(["x = "], params)[0].text == "🐍 ok"

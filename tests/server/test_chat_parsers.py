@@ -228,17 +228,37 @@ NAMED = {"type": "function", "function": {"name": "pick_city"}}
 
 
 def test_a_named_tool_choice_returns_that_call(http):
-    """Constrained to the function's arguments (no parser needed), whole and streamed; ``strict`` holds."""
+    """Constrained to the function's arguments (no parser needed), whole and streamed; ``strict`` holds. The call
+    was the request's, so the choice finishes "stop" (OpenAI's, vLLM's), not "tool_calls"."""
     strict = {**CITY, "function": {**CITY["function"], "strict": True}}
     body = {"messages": USER, "max_tokens": 30, "temperature": 0, "tools": [WEATHER, strict]}
     r = http.post("/v1/chat/completions", json={**body, "tool_choice": NAMED})
     choice = r.json()["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"] is None
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "pick_city"
     assert json.loads(call["function"]["arguments"])["city"] in ("Paris", "Rome")
     merged, calls, finish = streamed(http, None, tool_choice=NAMED, tools=[WEATHER, CITY])
-    assert [c["function"] for c in calls] == [call["function"]] and finish == "tool_calls"
+    assert [c["function"] for c in calls] == [call["function"]] and finish == "stop"
+
+
+@pytest.mark.parametrize(
+    "tool_choice, finish",
+    [(NAMED, "stop"), ("required", "tool_calls"), ("auto", "tool_calls"), ("none", "stop")],
+)
+def test_finish_reason_of_a_tool_choice_whole_and_streamed(http, tool_choice, finish):
+    """Finishing "tool_calls" where the model chose the calls ("auto", or which tools under "required"), "stop" for
+    the call of a named function (the request's own choice) and for none: streamed as whole (vLLM since its PR
+    #25054, OpenAI). A forced choice writes what its constraint allows (CITY's one short call); the others, CALL."""
+    forced = tool_choice not in ("auto", "none")
+    body = {"messages": USER, "max_tokens": 200, "temperature": 0, "tool_choice": tool_choice}
+    body.update({"tools": [CITY]} if forced else {"tools": [WEATHER], "guided_choice": [CALL]})
+    r = http.post("/v1/chat/completions", json=body)
+    choice = r.json()["choices"][0]
+    assert ("tool_calls" in choice["message"]) == (tool_choice != "none"), choice
+    assert choice["finish_reason"] == finish
+    _, calls, streamed_finish = streamed(http, None, **body)
+    assert bool(calls) == (tool_choice != "none") and streamed_finish == finish
 
 
 def test_a_required_tool_choice_returns_calls_of_the_tools(http):

@@ -28,6 +28,8 @@ def server():
         KEY,
         "--max-queued-requests",
         "2",
+        "--max-num-seqs",  # (4 places in the running batch and 2 to wait for one: 24 at once overflow)
+        "4",
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--max-tokens-limit",
