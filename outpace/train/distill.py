@@ -21,7 +21,9 @@ from outpace.train.loop import OptimConfig
 from outpace.train.ranks import ONE_RANK, TrainRanks
 from outpace.train.run_checks import (
     DATA_FIELDS,
+    check_field,
     check_field_types,
+    check_training_fields,
     identity_mismatch,
     run_identity,
 )
@@ -170,11 +172,7 @@ class DistillRecipe:
         check("num_continuations", self.num_continuations >= 1, ">= 1")
         check("prompt_len", self.prompt_len >= 1, ">= 1 (a prompt of at least one token)")
         check("new_tokens", self.new_tokens >= 1, ">= 1 (the target continues every prompt)")
-        check("batch_size", self.batch_size >= 1, ">= 1")
-        check("steps", self.steps >= 1, ">= 1")
-        check("lr", math.isfinite(self.lr) and self.lr > 0, "a finite number > 0")
-        check("warmup_steps", self.warmup_steps >= 0, ">= 0")
-        check("max_minutes", self.max_minutes is None or self.max_minutes > 0, "None or > 0")
+        check_training_fields(self)
         check("max_corpus_bytes", self.max_corpus_bytes >= 1, ">= 1")
         check(
             "corpus_roots",
@@ -191,7 +189,6 @@ class DistillRecipe:
             self.prompt_files is None or len(self.prompt_files) > 0,
             "None (the zoo corpus) or at least one file",
         )
-        check("seed", self.seed >= 0, ">= 0")
         check("generation_batch", self.generation_batch >= 1, ">= 1")
         check("resume_every", self.resume_every >= 1, ">= 1")
         check("eval_max_tokens", self.eval_max_tokens >= 1, ">= 1")
@@ -222,10 +219,7 @@ class DistillRecipe:
 
     def check(self, name: str, ok: bool, allowed: str) -> None:
         """Refuse a field's value by name: ``allowed`` says what it must be."""
-        if not ok:
-            raise ValueError(
-                f"{type(self).__name__}.{name}={getattr(self, name)!r} is invalid: must be {allowed}"
-            )
+        check_field(self, name, ok, allowed)
 
     def compiles_on(self, device: str, num_ranks: int = 1) -> bool:
         """Whether the draft's training step is compiled (ranks.py ``DraftStep``) on ``device`` over ``num_ranks``

@@ -7,6 +7,7 @@ target recipes (train/target.py, train/family_targets.py) share the first and th
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -83,6 +84,18 @@ def check_field(recipe, name: str, ok: bool, allowed: str) -> None:
         raise ValueError(
             f"{type(recipe).__name__}.{name}={getattr(recipe, name)!r} is invalid: must be {allowed}"
         )
+
+
+def check_training_fields(recipe) -> None:
+    """The ranges of the fields every recipe (draft or target) trains by: its steps, batch, learning rate and its
+    schedule, time budget and seed."""
+    for name in ("steps", "batch_size"):
+        check_field(recipe, name, getattr(recipe, name) >= 1, ">= 1")
+    check_field(recipe, "lr", math.isfinite(recipe.lr) and recipe.lr > 0, "a finite number > 0")
+    check_field(recipe, "warmup_steps", recipe.warmup_steps >= 0, ">= 0")
+    minutes = recipe.max_minutes
+    check_field(recipe, "max_minutes", minutes is None or minutes > 0, "None or > 0")
+    check_field(recipe, "seed", recipe.seed >= 0, ">= 0")
 
 
 def check_out_dir(out_dir: Path, inputs: tuple[tuple[str, Path, str], ...] = ()) -> None:

@@ -29,7 +29,12 @@ from outpace.train.corpus import Corpus, SourceFile, build_corpus, default_roots
 from outpace.train.data import TokenStream
 from outpace.train.export import MAX_SHARD_BYTES
 from outpace.train.loop import OptimConfig, TrainHistory, plot_history, train
-from outpace.train.run_checks import check_field, check_field_types, check_out_dir
+from outpace.train.run_checks import (
+    check_field,
+    check_field_types,
+    check_out_dir,
+    check_training_fields,
+)
 from outpace.train.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -131,11 +136,10 @@ def check_model_fields(r) -> None:
         "num_heads",
         "num_kv_heads",
         "seq_len",
-        "batch_size",
-        "steps",
         "eval_windows",
     ):
         check_field(r, name, getattr(r, name) >= 1, ">= 1")
+    check_training_fields(r)
     check_field(
         r,
         "num_kv_heads",
@@ -156,10 +160,6 @@ def check_model_fields(r) -> None:
         math.isfinite(r.mtp_loss_weight) and r.mtp_loss_weight >= 0,
         "a finite number >= 0",
     )
-    check_field(r, "lr", math.isfinite(r.lr) and r.lr > 0, "a finite number > 0")
-    check_field(r, "warmup_steps", r.warmup_steps >= 0, ">= 0")
-    check_field(r, "max_minutes", r.max_minutes is None or r.max_minutes > 0, "None or > 0")
-    check_field(r, "seed", r.seed >= 0, ">= 0")
     check_field(
         r,
         "heldout_fraction",
