@@ -8,8 +8,9 @@ family is named here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,9 @@ class ModelConfig:
     # How the checkpoint's weights are quantized (layers/quant/scheme.py); None: unquantized.
     quantization: QuantScheme | None = None
     raw: dict = field(default_factory=dict, repr=False, compare=False)
+    # The config.json it was read from (its path), which the errors of checks run while the model is built name
+    # (``naming_file``); not part of what the config is.
+    source: str = field(default="config.json", repr=False, compare=False)
 
     def __post_init__(self) -> None:
         o = "ModelConfig"
@@ -168,16 +172,16 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_key_value_heads * self.head_dim
 
+    def naming_file(self) -> contextlib.AbstractContextManager[None]:
+        """Where a model is built from this config (models/loader.py ``build_model``): a ``ConfigError`` that its
+        family's checks raise names ``source``, the config.json, as those run while it is parsed do."""
+        return errors_name_file(self.source)
+
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         """``cfg``: the config.json object; ``source`` names it in errors (its path)."""
-        # checks that name the field alone (``require``, __post_init__) get the file named too
-        try:
+        with errors_name_file(source):
             return cls._from_dict(cfg, source)
-        except ConfigError as e:
-            if str(e).startswith(f"{source}:"):
-                raise
-            raise ConfigError(f"{source}: {e}") from None
 
     @classmethod
     def _from_dict(cls, cfg: dict, source: str) -> ModelConfig:
@@ -200,6 +204,7 @@ class ModelConfig:
             if quantization is None
             else parse_quantization_config(quantization, source),
             raw=fields.data,
+            source=source,
         )
         # the tables of layers/rotary.py span head_dim (a partial rotary family checks the width it rotates)
         if cfg.head_dim % 2 and not family.partial_rotary:
@@ -217,6 +222,19 @@ class ModelConfig:
             if scheme is not None:
                 cfg = dataclasses.replace(cfg, quantization=scheme)
         return cfg
+
+
+@contextlib.contextmanager
+def errors_name_file(source: str) -> Iterator[None]:
+    """A ``ConfigError`` raised inside starts with ``source`` (a config.json path): the checks that name the
+    field alone (``require``: ``ModelConfig.field=value ...``) get the file named too; one that names it already
+    is left as it is."""
+    try:
+        yield
+    except ConfigError as e:
+        if str(e).startswith(f"{source}:"):
+            raise
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def _architecture(fields: ConfigFields) -> str:

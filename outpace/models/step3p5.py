@@ -100,7 +100,7 @@ from outpace.models.config_hooks import ConfigHooks
 from outpace.models.drafts.mtp import MTPBlock
 from outpace.models.gemma import final_logits
 from outpace.models.llama import LlamaForCausalLM, ModelOutput
-from outpace.models.step3p5_config import LayerSpec, Step3p5Config, refuse
+from outpace.models.step3p5_config import DEFAULTS, LayerSpec, Step3p5Config, refuse
 from outpace.validation import ConfigFields, is_finite_number
 
 
@@ -464,7 +464,10 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
             # its name for the kv heads (vLLM step3p5.py)
             own["num_key_value_heads"] = cfg.integer("num_attention_groups")
         theta = cfg.get("rope_theta")
-        if isinstance(theta, list):  # one theta per layer: Step3p5Config reads them all
+        # absent: Step3p5Config's default, not ModelConfig's (a draft trained for this target copies it)
+        if theta is None:
+            own["rope_theta"] = DEFAULTS["rope_theta"]
+        elif isinstance(theta, list):  # one theta per layer: Step3p5Config reads them all
             if not (theta and all(is_finite_number(t) and t > 0 for t in theta)):
                 raise cfg.fail("rope_theta", theta, "a number > 0 or a list of them, one per layer")
             own["rope_theta"] = float(theta[0])

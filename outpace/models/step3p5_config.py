@@ -4,15 +4,17 @@ which vLLM and SGLang disagree, refused by name. The facts and their sources: mo
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from outpace.layers.router import Routing
 from outpace.model_config import ModelConfig
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, is_finite_number, is_int
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
-# What a config.json that omits a field means: vLLM's Step3p5Config defaults (transformers_utils/configs/
+# What a config.json that omits a field (or gives it as null, as a typed read of config.json takes it:
+# validation.py ``ConfigFields``) means: vLLM's Step3p5Config defaults (transformers_utils/configs/
 # step3p5.py), or for the fields that class lacks, vLLM step3p5.py's getattr defaults (a default the code
 # then refuses, such as the config class's softmax router activation, makes the field required).
 DEFAULTS = dict(
@@ -38,6 +40,17 @@ DEFAULTS = dict(
     sink=False,
     attention_bias=False,
     moe_router_activation="softmax",
+)
+# the fields read as true or false (a string or a number there was taken as truthy, "false" included)
+BOOLEANS = (
+    "norm_expert_weight",
+    "use_moe_router_bias",
+    "need_fp32_gate",
+    "use_head_wise_attn_gate",
+    "use_qk_norm",
+    "zero_centered",
+    "sink",
+    "attention_bias",
 )
 
 
@@ -80,7 +93,7 @@ class Step3p5Config:
 
     @classmethod
     def from_model_config(cfg_cls, cfg: ModelConfig) -> Step3p5Config:
-        raw = {**DEFAULTS, **cfg.raw}
+        raw = {**DEFAULTS, **{k: v for k, v in cfg.raw.items() if v is not None}}
         _refuse_unimplemented(raw, cfg)
         total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
         experts, top_k = raw["moe_num_experts"], raw["moe_top_k"]
@@ -120,10 +133,11 @@ def _limit(raw: dict, name: str, index: int) -> float | None:
 
 
 def _moe_layers(raw: dict) -> set[int]:
-    """moe_layers_enum: "3,4,...,44" (the released config), or a list of indices."""
+    """moe_layers_enum: "3,4,...,44" (the released config), or a list of indices (``_check_types``)."""
     value = raw["moe_layers_enum"]
-    items = value.split(",") if isinstance(value, str) else value
-    return {int(i) for i in items if str(i).strip()}
+    if isinstance(value, str):
+        return {int(i) for i in value.split(",") if i.strip()}
+    return set(value)
 
 
 def _layer_spec(raw: dict, cfg: ModelConfig, i: int) -> LayerSpec:
@@ -152,6 +166,7 @@ def _refuse_unimplemented(raw: dict, cfg: ModelConfig) -> None:
     """ConfigError for Step3p5 config values that change the computation and that outpace does not implement,
     or on which vLLM and SGLang disagree (``raw``: defaults filled in)."""
     total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+    _check_types(raw, total)
     for name, value, why in (
         ("use_qk_norm", True, "both references always apply the per-head q/k norms"),
         ("zero_centered", True, "both references build every norm as GemmaRMSNorm"),
@@ -214,6 +229,87 @@ def _refuse_unimplemented(raw: dict, cfg: ModelConfig) -> None:
     _check_moe(raw, total)
 
 
+def _is_list_of(value, ok, total: int) -> bool:
+    """A list of at least ``total`` entries (one per layer, MTP layers included) of which those ``total``
+    pass ``ok``."""
+    return isinstance(value, list) and len(value) >= total and all(ok(v) for v in value[:total])
+
+
+def _check_types(raw: dict, total: int) -> None:
+    """The types of the fields read beyond ModelConfig's, each refused by name: before, a string or a null
+    in a per-layer list met float() or a comparison as a bare TypeError or ValueError, or was read as
+    truthy (``bool("x")``, a string of layer types matched by substring)."""
+    for name in BOOLEANS:
+        if not isinstance(raw[name], bool):
+            raise refuse(name, raw[name], "true or false")
+    for name in ("moe_num_experts", "moe_top_k", "moe_intermediate_size"):
+        if not (is_int(raw[name]) and raw[name] > 0):
+            raise refuse(name, raw[name], "a positive integer")
+    share = raw["share_expert_dim"]
+    if not (share is None or is_int(share) and share > 0):
+        raise refuse(
+            "share_expert_dim",
+            share,
+            "None or a positive integer (None: moe_intermediate_size * moe_top_k)",
+        )
+    scale = raw["moe_router_scaling_factor"]
+    if not (is_finite_number(scale) and scale > 0):
+        raise refuse("moe_router_scaling_factor", scale, "a number > 0")
+    layers = raw.get("moe_layers_enum")
+    if isinstance(layers, str):
+        ok = all(re.fullmatch(r"\s*-?[0-9]+\s*", i) for i in layers.split(",") if i.strip())
+    else:
+        ok = layers is None or isinstance(layers, list) and all(is_int(i) for i in layers)
+    if not ok:
+        raise refuse(
+            "moe_layers_enum",
+            layers,
+            'layer indices: a string such as "1,2,4" or a list of integers',
+        )
+    theta = raw["rope_theta"]
+    if not (
+        is_finite_number(theta)
+        and theta > 0
+        or _is_list_of(theta, lambda t: is_finite_number(t) and t > 0, total)
+    ):
+        raise refuse(
+            "rope_theta",
+            theta,
+            f"a number > 0 or a list of at least {total} numbers > 0, one per layer",
+        )
+    factors = raw["partial_rotary_factors"]
+    if factors and not _is_list_of(factors, lambda f: is_finite_number(f) and 0 < f <= 1, total):
+        raise refuse(
+            "partial_rotary_factors",
+            factors,
+            f"empty or a list of at least {total} factors in (0, 1], one per layer",
+        )
+    for name in ("swiglu_limits", "swiglu_limits_shared"):
+        values = raw[name]
+        if values and not _is_list_of(
+            values, lambda v: v is None or is_finite_number(v) and v >= 0, total
+        ):
+            raise refuse(
+                name,
+                values,
+                f"empty or a list of at least {total} limits, each None or a number >= 0",
+            )
+    use_rope = raw["use_rope_layers"]
+    if use_rope and not _is_list_of(use_rope, lambda u: isinstance(u, bool), total):
+        raise refuse(
+            "use_rope_layers",
+            use_rope,
+            f"empty or a list of at least {total} true or false entries",
+        )
+    yarn_only = raw["yarn_only_types"]
+    if yarn_only and not (isinstance(yarn_only, list) and all(t in LAYER_TYPES for t in yarn_only)):
+        raise refuse(
+            "yarn_only_types",
+            yarn_only,
+            f"empty or a list of layer types ({', '.join(LAYER_TYPES)})",
+        )
+
+
 def _check_attention_other_setting(raw: dict, cfg: ModelConfig) -> None:
     """Its attention_type, num_attention_heads, num_attention_groups and head_dim; other keys are read by
     neither reference."""
@@ -233,7 +329,7 @@ def _check_attention_other_setting(raw: dict, cfg: ModelConfig) -> None:
         )
     heads = other.get("num_attention_heads", cfg.num_attention_heads)
     kv = other.get("num_attention_groups", cfg.num_key_value_heads)
-    if not (isinstance(heads, int) and isinstance(kv, int) and 0 < kv and heads % kv == 0):
+    if not (is_int(heads) and is_int(kv) and 0 < kv and 0 < heads and heads % kv == 0):
         raise refuse(
             "attention_other_setting",
             other,
@@ -242,16 +338,8 @@ def _check_attention_other_setting(raw: dict, cfg: ModelConfig) -> None:
 
 
 def _check_rope(raw: dict, cfg: ModelConfig, total: int) -> None:
-    theta = raw["rope_theta"]
-    if isinstance(theta, list) and not (len(theta) >= total and all(t > 0 for t in theta[:total])):
-        raise refuse(
-            "rope_theta", theta, f"a number or a list of at least {total} positive numbers"
-        )
-    factors = raw["partial_rotary_factors"]
-    if factors and not (
-        len(factors) >= total
-        and all(0 < f <= 1 and int(cfg.head_dim * f) % 2 == 0 for f in factors[:total])
-    ):
+    factors = raw["partial_rotary_factors"]  # (rope_theta's and their types: _check_types)
+    if factors and not all(int(cfg.head_dim * f) % 2 == 0 for f in factors[:total]):
         raise refuse(
             "partial_rotary_factors",
             factors,
@@ -285,21 +373,8 @@ def _check_moe(raw: dict, total: int) -> None:
         )
     experts, top_k = raw.get("moe_num_experts"), raw.get("moe_top_k")
     if _moe_layers(raw) & set(range(total)):
-        if not (
-            isinstance(experts, int)
-            and experts > 0
-            and isinstance(top_k, int)
-            and 0 < top_k <= experts
-        ):
+        if not top_k <= experts:  # (types: _check_types)
             raise refuse("moe_top_k", top_k, f"an integer in [1, moe_num_experts={experts}]")
-    for name in ("swiglu_limits", "swiglu_limits_shared"):
-        values = raw[name]
-        if values and not (
-            len(values) >= total and all(v is None or v >= 0 for v in values[:total])
-        ):
-            raise refuse(
-                name, values, f"None or a list of at least {total} limits, each None or >= 0"
-            )
 
 
 # ---- layers ------------------------------------------------------------------------------------------------
