@@ -58,6 +58,7 @@ from outpace.layers.quant.dequantize import INT4_PACK_FACTOR
 from outpace.layers.quant.fp8_weight import Fp8Weight
 from outpace.layers.quant.int4_weight import Int4Weight
 from outpace.layers.quant.linear import (
+    SCALE_DTYPES,
     Fp8Block,
     Fp8Channel,
     Fp8Tensor,
@@ -438,7 +439,7 @@ class QuantizedStackedWeight(nn.Module):
         self.weight_scale_inv = nn.Parameter(
             torch.empty(experts, rows, cols, dtype=scale_dtype, device=device), requires_grad=False
         )
-        self.weight_scale_inv.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        self.weight_scale_inv.checkpoint_dtypes = SCALE_DTYPES
         self.checkpoint_scales = ("weight_scale_inv",)  # (no value negative: checkpoint.py)
         shard = getattr(stacked.weight, "shard", None)
         if shard is not None:
@@ -509,7 +510,7 @@ def quantize_packed_stacks(
                 torch.empty(experts.num_experts, *shape[1:], dtype=dtype, device=where),
                 requires_grad=False,
             )
-            scale.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+            scale.checkpoint_dtypes = SCALE_DTYPES
             mark_shard(scale, experts.placement.shard)
             setattr(experts, name + suffix, scale)
             scales.append(name + suffix)

@@ -34,6 +34,9 @@ from outpace.layers.quant.scheme import (
     QuantScheme,
 )
 
+# the dtypes a checkpoint stores quantization scales in (each scale parameter's ``checkpoint_dtypes``)
+SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
 
 class QuantFormat:
     """How one format stores a [out, in] weight: the checkpoint names of its tensors (relative to the
@@ -237,7 +240,7 @@ class QuantizedLinear(nn.Module):
             ),
             requires_grad=False,
         )
-        scale.checkpoint_dtypes = (torch.float32, torch.bfloat16, torch.float16)
+        scale.checkpoint_dtypes = SCALE_DTYPES
         self.register_parameter(fmt.scale_name, scale)
         self.bias = None
         if bias:

@@ -32,6 +32,7 @@ from outpace.layers.quant.experts import (
 )
 from outpace.layers.quant.linear import (
     FORMATS,
+    SCALE_DTYPES,
     Fp8Block,
     Fp8Tensor,
     Int4Group,
@@ -53,8 +54,6 @@ _STORED_DTYPES = {
 
 # a checkpoint tensor as its file's header gives it: (stored dtype, file, shape)
 Stored = tuple[torch.dtype | str, Path, tuple[int, ...]]
-# the dtypes a quantization scale is stored in (every scale parameter's ``checkpoint_dtypes``)
-SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def stored_tensors(model_dir: str | Path) -> dict[str, Stored]:
