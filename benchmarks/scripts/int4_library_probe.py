@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from outpace.bench.graph_timing import graph_call_us
 from outpace.bench.quant_kernels import random_int4
+from outpace.layers.quant import quant_matmul_kernel as qm
 from outpace.layers.quant.dequantize import dequantize_int4_group, unpack_int4
 from outpace.layers.quant.int4_linear_kernel import int4_group_linear
 
@@ -45,9 +46,18 @@ SHAPES = {
     "gemma-12b gate_up": (30720, 3840),
     "gemma-12b down": (3840, 15360),
 }
-_L2_BYTES = (
-    120e6  # the copies' INT4 bytes together at least this (an H100's L2 is 50 MB, an H200's 60)
-)
+# the copies' INT4 bytes together at least this (an H100's L2 is 50 MB, an H200's 60)
+_L2_BYTES = 120e6
+# ``--tiles``: our kernel at other few-row tiles too (few_row_tiles' block_n, block_k, num_warps, num_stages), beside
+# plan's (64, 128, 4, 4 up to 32 rows)
+OUR_TILES = [
+    (64, 256, 4, 3),
+    (128, 128, 8, 4),
+    (128, 256, 8, 3),
+    (32, 512, 4, 3),
+    (64, 512, 8, 3),
+    (256, 128, 8, 3),
+]
 
 
 def tinygemm_operands(
@@ -80,7 +90,16 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.float() - ref).norm() / ref.norm()).item()
 
 
-def probe(name: str, n: int, k: int, rows: list[int]) -> list[dict]:
+def tiled(packed, scale, m: int, n: int, k: int, tile: tuple[int, int, int, int]):
+    """Our product of these weights at ``tile`` for ``m`` rows."""
+    bn, bk, warps, stages = tile
+    t = qm.few_row_tiles(
+        m, n, k, packed.device, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages
+    )
+    return lambda x: qm.quant_matmul(x, packed, scale, "int4_group", (1, GROUP), tiles=t)
+
+
+def probe(name: str, n: int, k: int, rows: list[int], tiles: bool) -> list[dict]:
     copies = max(2, min(16, math.ceil(_L2_BYTES / (n * k / 2))))
     packed = [random_int4((n, k // 8)) for _ in range(copies)]
     scale = [
@@ -118,7 +137,13 @@ def probe(name: str, n: int, k: int, rows: list[int]) -> list[dict]:
             "rows": m,
             "int4_bytes": n * k // 2 + n * k // GROUP * 2,
         }
-        for label, calls in kernels.items():
+        these = dict(kernels)
+        if tiles and m > 1:
+            for tile in OUR_TILES:
+                these["ours " + ",".join(map(str, tile))] = [
+                    tiled(p, s, m, n, k, tile) for p, s in zip(packed, scale)
+                ]
+        for label, calls in these.items():
             try:
                 err = relative_error(calls[0](x), ref)
                 us = graph_call_us(lambda calls=calls: [c(x) for c in calls], calls=4) / len(calls)
@@ -130,7 +155,7 @@ def probe(name: str, n: int, k: int, rows: list[int]) -> list[dict]:
         cells = "  ".join(
             f"{label} {row[label]['us']:7.2f} us ({row['int4_bytes'] / row[label]['us'] / 1e6:4.2f} TB/s, "
             f"err {row[label]['relative_error']:.1e})"
-            for label in kernels
+            for label in these
             if label in row
         )
         print(f"{name:18} {m:3}  {cells}", flush=True)
@@ -142,9 +167,10 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--tiles", action="store_true", help="our kernel at OUR_TILES too")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    results = [r for name in args.shapes for r in probe(name, *SHAPES[name], args.rows)]
+    results = [r for name in args.shapes for r in probe(name, *SHAPES[name], args.rows, args.tiles)]
     with open(args.out, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
 
