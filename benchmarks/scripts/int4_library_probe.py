@@ -170,9 +170,13 @@ def main() -> None:
     parser.add_argument("--tiles", action="store_true", help="our kernel at OUR_TILES too")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
-    results = [r for name in args.shapes for r in probe(name, *SHAPES[name], args.rows, args.tiles)]
-    with open(args.out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+    results = []
+    for name in (
+        args.shapes
+    ):  # (written after each shape: a run cut by its time limit keeps what it measured)
+        results += probe(name, *SHAPES[name], args.rows, args.tiles)
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
