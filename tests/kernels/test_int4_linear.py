@@ -54,6 +54,17 @@ def test_other_groups_and_float32_scales():
         assert relative_error(int4_group_linear(x, packed, scale, group), expected) < 1e-6
 
 
+@pytest.mark.parametrize("m", [2, 8, 40])
+def test_groups_of_a_k_step_or_more_take_their_scales_a_step_ahead(m):
+    """Groups of 128 columns (w4a16 as RedHatAI and Gemma QAT publish it), K steps of one group: the few-row loop
+    loads each step's scales a step ahead (layers/quant/quant_matmul_kernel.py, INT4 K steps). 16 steps, K split
+    in 2 (the interpreter's 4 SMs), bf16 scales: every step takes its own group's scales, none past its split's."""
+    packed, scale = random_int4(40, 2048, seed=m, group=128)
+    x = torch.randn(m, 2048, generator=torch.Generator().manual_seed(m)).to(DEVICE)
+    expected = F.linear(x.double(), dequantize_int4_group(packed, scale, 128).double())
+    assert relative_error(int4_group_linear(x, packed, scale, 128), expected) < 1e-6
+
+
 def test_nibble_order_and_offset_matter():
     """One nibble changed moves one column's weight by one step of its group's scale: the kernel reads
     nibble j of a word as column 8 * word + j (lowest first), stored + 8."""

@@ -40,7 +40,12 @@ one-row fp8 product takes a few whole weight rows a program, K unsplit, every lo
 
 INT4 K steps: where K is a whole number of them (``K_TILED``, the launch's), the PTX path masks its words and
 scales by rows alone, so they load as vectors that the software pipeline streams; masked along K, each thread's
-bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on them.
+bf16 scales came as 2-byte loads outside the pipeline, each K step waiting on them. Where a K step lies in one
+group (groups of 128 columns, RedHatAI's and Gemma QAT's w4a16, against Kimi-K2's 32) a row's scales are one 2-byte
+value a step, which the pipeline does not stream whatever the masks (Triton's cp.async takes 4 bytes or more;
+compiled for sm_90, the load stayed in the loop, its value used at once): there the loop loads each step's scales one
+step ahead (``int4_group_scales``), so the load's latency passes under a step of products. (Smaller groups keep the
+pipeline's streaming, several steps ahead.)
 
 A few-row product may finish its tiles as the fused residual stack's projections do (``RowEpilogue``;
 layers/fused_projection.py routes its fp8 and INT4 weights here outside batch-invariant mode): each row scaled by
@@ -79,6 +84,8 @@ from outpace.attention.context import batch_invariant
 from outpace.layers.fused_kernels import gelu_tanh, row_rstd
 from outpace.layers.pdl import pdl_available, pdl_enter, pdl_launch_options, prefetch_l2
 from outpace.layers.quant.weight_tiles import (
+    int4_group_scales,
+    int4_tile,
     row_sums,
     row_times_tile,
     scale_rows,
@@ -233,6 +240,10 @@ def _quant_matmul_kernel(
         starts = tl.where(n_ok, cols, 0).to(tl.int64) * stride_bytes  # [BN]: each row's first byte
         prefetch_l2(w_ptr.to(tl.pointer_type(tl.int8)) + starts[:, None] + lines[None, :])
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
+    # a K step in one INT4 group: its scales loaded a step ahead (module docstring: INT4 K steps)
+    SCALES_AHEAD: tl.constexpr = FORMAT == "int4_group" and BM > 1 and SCALE_BK >= BK
+    if SCALES_AHEAD:  # the first step's
+        scale_next = int4_group_scales(s_rows, k_start, K, n_ok, stride_sk, SCALE_BK, BK, K_TILED)
     for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BK):
         if BM == 1:  # (module docstring: ONE-ROW)
             acc = row_times_tile(
@@ -254,10 +265,19 @@ def _quant_matmul_kernel(
             x = tl.load(
                 x_rows + ks[None, :], mask=(rows < M)[:, None] & (ks < K)[None, :], other=0.0
             )
-            w = weight_tile(
-                w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK, x_ptr.dtype.element_ty,
-                K_TILED,
-            )  # [BN, BK]  # fmt: skip
+            if SCALES_AHEAD:  # this step's scales loaded a step ago, the next step's now
+                scale = scale_next
+                scale_next = int4_group_scales(
+                    s_rows, k0 + BK, K, n_ok, stride_sk, SCALE_BK, BK, False
+                )  # (masked along K: past the last step it reads nothing)
+                w = int4_tile(
+                    w_rows, scale, k0, K, n_ok, SCALE_BK, BK, x_ptr.dtype.element_ty, K_TILED
+                )
+            else:
+                w = weight_tile(
+                    w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BK,
+                    x_ptr.dtype.element_ty, K_TILED,
+                )  # [BN, BK]  # fmt: skip
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)  # [BM, BN]
     if BM == 1:
         acc = row_sums(acc)  # [1, BN]

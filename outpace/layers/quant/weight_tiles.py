@@ -97,37 +97,90 @@ _EIGHT_F16 = tl.constexpr((tl.float16,) * 8)
 
 
 @triton.jit
-def int4_tile_by_ptx(
-    w_rows,  # [BN, 1] pointers: each packed row's start (int32 words)
-    s_rows,  # [BN, 1] pointers: each row's scales, in DTYPE
+def int4_group_scales(
+    s_rows,  # [BN, 1] pointers: each row's scales
     k0,  # the tile's first column (a multiple of BK)
     K,  # the weight's columns (unpacked)
     n_ok,  # [BN]
     stride_sk,
     GROUP: tl.constexpr,  # columns a scale covers (a power of two >= 8, dividing BK)
     BK: tl.constexpr,
+    K_TILED: tl.constexpr,  # K a multiple of BK: the rows alone masked
+):
+    """[BN, BK / GROUP] the group scales of an INT4 tile at columns k0 .. k0 + BK - 1, as stored (zero outside the
+    weight): what ``int4_tile`` takes. A K loop may load them a step ahead (quant_matmul_kernel.py: at a group of
+    BK columns or more they are one 2-byte value a row, which the software pipeline does not stream)."""
+    # k0 a multiple of BK, so the first group is a multiple of BK / GROUP, and with K_TILED no mask varies along K:
+    # each thread's contiguous scales then load as vectors, which the software pipeline streams (cp.async, of 4
+    # bytes or more: 2 or more bf16 scales a row). Masked along K (K // GROUP of unknown divisibility) they came in
+    # 2-byte loads that each K step waited on (sm_90 SASS: LDG.E.U16 in the loop).
+    groups = tl.multiple_of(k0 // GROUP, BK // GROUP) + tl.arange(0, BK // GROUP)  # [G]
+    if K_TILED:
+        s_ok = n_ok[:, None]
+    else:
+        s_ok = n_ok[:, None] & (groups < K // GROUP)[None, :]
+    return tl.load(s_rows + groups[None, :] * stride_sk, mask=s_ok, other=0.0)  # [BN, G]
+
+
+@triton.jit
+def int4_tile(
+    w_rows,  # [BN, 1] pointers: each packed row's start (int32 words)
+    scale,  # [BN, BK / GROUP] the tile's group scales (``int4_group_scales``)
+    k0,  # the tile's first column (a multiple of BK)
+    K,  # the weight's columns (unpacked)
+    n_ok,  # [BN]
+    GROUP: tl.constexpr,  # columns a scale covers (a power of two >= 8, dividing BK)
+    BK: tl.constexpr,
+    DTYPE: tl.constexpr,  # the compute dtype (x's)
+    K_TILED: tl.constexpr,  # K a multiple of BK: the rows alone masked
+):
+    """``weight_tile`` of an INT4 weight, its scales given: [BN, BK] in DTYPE. By PTX (``int4_tile_by_ptx``) for x
+    in half precision and scales in x's dtype (other scales would round twice), else each nibble shifted out,
+    converted to float32 and scaled. (One expression: a comparison's Python bool assigned to a local becomes a
+    tensor, and the branch a runtime one that compiled both returns, fp16 against float32's: gpu_2026-12-06c.)"""
+    if (
+        NIBBLES_BY_PTX
+        and ((DTYPE == tl.bfloat16) or (DTYPE == tl.float16))
+        and scale.dtype == DTYPE
+    ):
+        return int4_tile_by_ptx(w_rows, scale, k0, K, n_ok, GROUP, BK, DTYPE, K_TILED)
+    words = k0 // 8 + tl.arange(0, BK // 8)  # [BK / 8]
+    packed = tl.load(
+        w_rows + words[None, :], mask=n_ok[:, None] & (words < K // 8)[None, :], other=0
+    )  # [BN, BK / 8] int32
+    packed = tl.interleave(packed, packed)
+    packed = tl.interleave(packed, packed)
+    packed = tl.interleave(packed, packed)  # [BN, BK]: each word 8 times
+    q = ((packed >> ((tl.arange(0, BK) % 8) * 4)[None, :]) & 0xF) - 8  # [BN, BK] in [-8, 7]
+    columns = tl.broadcast_to(scale[:, :, None], (scale.shape[0], BK // GROUP, GROUP))
+    return (q.to(tl.float32) * tl.reshape(columns, (scale.shape[0], BK)).to(tl.float32)).to(DTYPE)
+
+
+@triton.jit
+def int4_tile_by_ptx(
+    w_rows,  # [BN, 1] pointers: each packed row's start (int32 words)
+    scale,  # [BN, BK / GROUP] the tile's group scales, in DTYPE
+    k0,  # the tile's first column (a multiple of BK)
+    K,  # the weight's columns (unpacked)
+    n_ok,  # [BN]
+    GROUP: tl.constexpr,  # columns a scale covers (a power of two >= 8, dividing BK)
+    BK: tl.constexpr,
     DTYPE: tl.constexpr,  # bf16 or fp16
     K_TILED: tl.constexpr,  # K a multiple of BK: the rows alone masked
 ):
-    """``weight_tile`` of an INT4 weight whose scales are in DTYPE, each word's eight nibbles turned into DTYPE
+    """``int4_tile`` of an INT4 weight whose scales are in DTYPE, each word's eight nibbles turned into DTYPE
     values by 15 PTX instructions (``_NIBBLE_PTX``, two values an instruction), where the general path shifts,
     masks and converts each value to float32 and back (type conversions issue at a fraction of the rate of
     other arithmetic on the CUDA cores), the same bits."""
     WORDS: tl.constexpr = GROUP // 8
-    # k0 a multiple of BK, so the first word and group are multiples of BK / 8 and BK / GROUP, and with K_TILED
-    # no mask varies along K: each thread's contiguous words and scales then load as vectors, which the software
-    # pipeline streams (cp.async, of 4 bytes or more). Masked along K (K // GROUP of unknown divisibility) the
-    # scales came in 2-byte loads that each K step waited on (sm_90 SASS: LDG.E.U16 in the loop).
-    groups = tl.multiple_of(k0 // GROUP, BK // GROUP) + tl.arange(0, BK // GROUP)  # [G]
+    # k0 a multiple of BK, so the first word is a multiple of BK / 8, and with K_TILED no mask varies along K: each
+    # thread's contiguous words then load as vectors, which the software pipeline streams
     words = tl.multiple_of(k0 // 8, BK // 8) + tl.arange(0, BK // 8)  # [BK / 8]
     if K_TILED:
         w_ok = n_ok[:, None]
-        s_ok = n_ok[:, None]
     else:
         w_ok = n_ok[:, None] & (words < K // 8)[None, :]
-        s_ok = n_ok[:, None] & (groups < K // GROUP)[None, :]
     packed = tl.load(w_rows + words[None, :], mask=w_ok, other=0)  # [BN, BK / 8] int32
-    scale = tl.load(s_rows + groups[None, :] * stride_sk, mask=s_ok, other=0.0)  # [BN, G]
     packed = tl.reshape(packed, (packed.shape[0], BK // GROUP, WORDS))  # [BN, G, WORDS]
     scale = tl.broadcast_to(scale[:, :, None], packed.shape)
     if DTYPE == tl.bfloat16:
@@ -167,29 +220,9 @@ def weight_tile(
     """The real weight values at the tile's rows and columns k0 .. k0 + BK - 1 -> [BN, BK] in DTYPE, zero
     outside the weight ("fp8_tensor": not yet times its scale, which the caller applies)."""
     ks = k0 + tl.arange(0, BK)
-    # ``int4_tile_by_ptx`` for x in half precision and scales in x's dtype: other scales would round twice. (One
-    # expression: a comparison's Python bool assigned to a local becomes a tensor, and the branch a runtime one that
-    # compiled both returns, fp16 against float32's: gpu_2026-12-06c.)
-    if (
-        FORMAT == "int4_group"
-        and NIBBLES_BY_PTX
-        and ((DTYPE == tl.bfloat16) or (DTYPE == tl.float16))
-        and s_rows.dtype.element_ty == DTYPE
-    ):
-        return int4_tile_by_ptx(
-            w_rows, s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK, DTYPE, K_TILED
-        )
     if FORMAT == "int4_group":
-        words = k0 // 8 + tl.arange(0, BK // 8)  # [BK / 8]
-        packed = tl.load(
-            w_rows + words[None, :], mask=n_ok[:, None] & (words < K // 8)[None, :], other=0
-        )  # [BN, BK / 8] int32
-        packed = tl.interleave(packed, packed)
-        packed = tl.interleave(packed, packed)
-        packed = tl.interleave(packed, packed)  # [BN, BK]: each word 8 times
-        q = ((packed >> ((tl.arange(0, BK) % 8) * 4)[None, :]) & 0xF) - 8  # [BN, BK] in [-8, 7]
-        scale = block_scales(s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK)
-        return (q.to(tl.float32) * scale).to(DTYPE)
+        scale = int4_group_scales(s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BK, K_TILED)
+        return int4_tile(w_rows, scale, k0, K, n_ok, SCALE_BK, BK, DTYPE, K_TILED)
     w = tl.load(w_rows + ks[None, :], mask=n_ok[:, None] & (ks < K)[None, :], other=0.0)
     if FORMAT == "fp8_block":
         if BK > SCALE_BK:  # several scale columns a step
