@@ -6,6 +6,9 @@
 # ARG: rounds FAMILY METHOD [FAMILY METHOD]: issue 43 item 7, the widened families' drafters not yet run in closed
 #      batches (`closed_batch_rounds.py`, batch 8 and 32, temperature 0 and 0.8, three interleaved rounds of 64
 #      tokens), one family's engines at a time (an H100's 80 GB), its widened folder cleared after.
+# ARG: int4: after 20271c4 (INT4 group scales a step ahead): the INT4 GPU tests; `bench families --quantized w4a16` on
+#      Llama-3.1-8B (call 1's figures before); int4_library_probe.py on Llama-8B's projections, this package and the
+#      one before the change (.snap_before: git archive 20271c4~1 outpace), GemLite's wheel carried in .whl_gl.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
@@ -26,6 +29,26 @@ w4a16)
   echo "rc=$? after ${SECONDS}s" >> $OUT/w4a16.log
   clean $OUT/bf16.log $OUT/w4a16.log
   tail -n 14 $OUT/w4a16.log
+  ;;
+int4)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_gl/*.whl
+  timeout 100 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider tests/kernels/test_int4_linear.py \
+    tests/layers/test_quantized_fused_stack.py > $OUT/int4_tests.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/int4_tests.log
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc=" $OUT/int4_tests.log
+  timeout 120 python3 -m outpace.bench.families --out $OUT/w4a16 --no-verify --shapes llama-3.1-8b --quantized w4a16 \
+    > $OUT/w4a16.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/w4a16.log
+  clean $OUT/w4a16.log
+  grep -E "^llama|rc=" $OUT/w4a16.log
+  shapes=("llama-8b gate_up" "llama-8b down" "llama-8b qkv" "llama-8b o")
+  PYTHONPATH=.:/tmp/site timeout $(( 440 - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
+    $OUT/probe_after.json --shapes "${shapes[@]}" > $OUT/probe_after.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/probe_after.log
+  PYTHONPATH=.snap_before:. timeout $(( 560 - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
+    $OUT/probe_before.json --shapes "${shapes[@]}" > $OUT/probe_before.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/probe_before.log
+  grep -hvi "warn" $OUT/probe_after.log $OUT/probe_before.log | cut -c1-330
   ;;
 rounds)
   shift
