@@ -9,10 +9,20 @@
 # ARG: int4: after 20271c4 (INT4 group scales a step ahead): the INT4 GPU tests; `bench families --quantized w4a16` on
 #      Llama-3.1-8B (call 1's figures before); int4_library_probe.py on Llama-8B's projections, this package and the
 #      one before the change (.snap_before: git archive 20271c4~1 outpace), GemLite's wheel carried in .whl_gl.
+# ARG: int4-short: the same in under 170 s: the INT4 kernel tests, the probe on gate_up and down only, no bench.
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
+probes() {  # int4_library_probe.py on these shapes, this package (GemLite installed) then .snap_before's
+  PYTHONPATH=.:/tmp/site timeout $(( (SECONDS + 580) / 2 - SECONDS )) python3 \
+    benchmarks/scripts/int4_library_probe.py $OUT/probe_after.json --shapes "$@" > $OUT/probe_after.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/probe_after.log
+  PYTHONPATH=.snap_before:. timeout $(( 580 - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
+    $OUT/probe_before.json --shapes "$@" > $OUT/probe_before.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/probe_before.log
+  grep -hvi "warn" $OUT/probe_after.log $OUT/probe_before.log | cut -c1-330
+}
 clean() { sed -i -E 's/\r/\n/g' "$@"; sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' "$@"; }
 case "$1" in
 w4a16)
@@ -41,14 +51,15 @@ int4)
   echo "rc=$? after ${SECONDS}s" >> $OUT/w4a16.log
   clean $OUT/w4a16.log
   grep -E "^llama|rc=" $OUT/w4a16.log
-  shapes=("llama-8b gate_up" "llama-8b down" "llama-8b qkv" "llama-8b o")
-  PYTHONPATH=.:/tmp/site timeout $(( 440 - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
-    $OUT/probe_after.json --shapes "${shapes[@]}" > $OUT/probe_after.log 2>&1
-  echo "rc=$? after ${SECONDS}s" >> $OUT/probe_after.log
-  PYTHONPATH=.snap_before:. timeout $(( 560 - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
-    $OUT/probe_before.json --shapes "${shapes[@]}" > $OUT/probe_before.log 2>&1
-  echo "rc=$? after ${SECONDS}s" >> $OUT/probe_before.log
-  grep -hvi "warn" $OUT/probe_after.log $OUT/probe_before.log | cut -c1-330
+  probes "llama-8b gate_up" "llama-8b down" "llama-8b qkv" "llama-8b o"
+  ;;
+int4-short)
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_gl/*.whl
+  timeout 60 python3 -m pytest -q -n 3 -m gpu -p no:cacheprovider tests/kernels/test_int4_linear.py \
+    > $OUT/int4_tests.log 2>&1
+  echo "rc=$? after ${SECONDS}s" >> $OUT/int4_tests.log
+  grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc=" $OUT/int4_tests.log
+  probes "llama-8b gate_up" "llama-8b down"
   ;;
 rounds)
   shift
