@@ -14,11 +14,12 @@ set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
 nvidia-smi --query-gpu=name --format=csv,noheader
-probes() {  # int4_library_probe.py on these shapes, this package (GemLite installed) then .snap_before's
-  PYTHONPATH=.:/tmp/site timeout $(( (SECONDS + 580) / 2 - SECONDS )) python3 \
+probes() {  # END SHAPE...: int4_library_probe.py on these shapes, this package (GemLite installed) then .snap_before's,
+  local end=$1; shift  # both done by END seconds
+  PYTHONPATH=.:/tmp/site timeout $(( (SECONDS + end) / 2 - SECONDS )) python3 \
     benchmarks/scripts/int4_library_probe.py $OUT/probe_after.json --shapes "$@" > $OUT/probe_after.log 2>&1
   echo "rc=$? after ${SECONDS}s" >> $OUT/probe_after.log
-  PYTHONPATH=.snap_before:. timeout $(( 580 - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
+  PYTHONPATH=.snap_before:. timeout $(( end - SECONDS )) python3 benchmarks/scripts/int4_library_probe.py \
     $OUT/probe_before.json --shapes "$@" > $OUT/probe_before.log 2>&1
   echo "rc=$? after ${SECONDS}s" >> $OUT/probe_before.log
   grep -hvi "warn" $OUT/probe_after.log $OUT/probe_before.log | cut -c1-330
@@ -51,7 +52,7 @@ int4)
   echo "rc=$? after ${SECONDS}s" >> $OUT/w4a16.log
   clean $OUT/w4a16.log
   grep -E "^llama|rc=" $OUT/w4a16.log
-  probes "llama-8b gate_up" "llama-8b down" "llama-8b qkv" "llama-8b o"
+  probes 580 "llama-8b gate_up" "llama-8b down" "llama-8b qkv" "llama-8b o"
   ;;
 int4-short)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_gl/*.whl
@@ -59,7 +60,7 @@ int4-short)
     > $OUT/int4_tests.log 2>&1
   echo "rc=$? after ${SECONDS}s" >> $OUT/int4_tests.log
   grep -hE "^(FAILED|ERROR)|[0-9]+ (passed|failed)|rc=" $OUT/int4_tests.log
-  probes "llama-8b gate_up" "llama-8b down"
+  probes 165 "llama-8b gate_up" "llama-8b down"
   ;;
 rounds)
   shift
