@@ -6,6 +6,7 @@ value raises ``ConfigError`` naming the field (outpace/validation.py), before th
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,18 @@ class StructuredOutputsParams:
         )
 
 
+def _is_list(value: Any) -> bool:
+    """A list of values (a list, tuple, set...), not one value, nor a string or bytes (a collection of characters
+    or byte values)."""
+    return isinstance(value, Collection) and not isinstance(value, (str, bytes, dict))
+
+
+# What SamplingParams' stop fields take (each also None: none)
+_STOP_LISTS = {
+    "stop": "None, a non-empty string or a list of them",
+    "stop_token_ids": "None or a list of non-negative integers (int64)",
+}
+
 # top_logprobs per position a request may ask for (vLLM's default max_logprobs and OpenAI's limit)
 MAX_LOGPROBS = 20
 # OpenAI's range for a logit_bias value, either sign (the server refuses beyond it; vLLM clamps)
@@ -107,6 +120,7 @@ class SamplingParams:
     nor ``stop_token_ids`` is sampled as one of the first ``min_tokens`` output tokens (their logits are -inf
     there), and a ``stop`` string counts only where it ends in text of the tokens after them (vLLM's detokenizer
     checks stop strings once the output holds more than ``min_tokens`` tokens).
+    ``stop`` (a string or a list of them) and ``stop_token_ids``: None means none, as in vLLM.
     ``include_stop_str_in_output``: a matched ``stop`` string stays at the end of the text.
     ``skip_special_tokens``: special tokens are left out of the text (False: decoded like any other).
 
@@ -152,8 +166,10 @@ class SamplingParams:
         o = "SamplingParams"
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        object.__setattr__(self, "stop", tuple(self.stop))
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        for name, allowed in _STOP_LISTS.items():  # None: none (vLLM's default)
+            value = getattr(self, name)
+            require(o, name, value, value is None or _is_list(value), allowed)
+            object.__setattr__(self, name, tuple(value or ()))
         if self.seed == -1 and is_int(self.seed):  # vLLM's "no seed"
             object.__setattr__(self, "seed", None)
         require_positive_int(o, "n", self.n)
@@ -218,12 +234,15 @@ class SamplingParams:
                 self, "logit_bias", {int(t): float(b) for t, b in self.logit_bias.items()} or None
             )
         if self.allowed_token_ids is not None:
-            object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
+            listed = _is_list(self.allowed_token_ids)
+            if listed:
+                object.__setattr__(self, "allowed_token_ids", tuple(self.allowed_token_ids))
             require(
                 o,
                 "allowed_token_ids",
                 self.allowed_token_ids,
-                bool(self.allowed_token_ids)
+                listed
+                and bool(self.allowed_token_ids)
                 and all(is_int64(t) and t >= 0 for t in self.allowed_token_ids),
                 "None or a non-empty list of non-negative integers (int64)",
             )
@@ -235,7 +254,7 @@ class SamplingParams:
             is_int64(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
             f"an integer in [0, max_tokens={self.max_tokens}]",
         )
-        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "ignore_eos"):
             value = getattr(self, name)
             require(o, name, value, isinstance(value, bool), "a bool")
         require(
@@ -243,14 +262,14 @@ class SamplingParams:
             "stop",
             self.stop,
             all(isinstance(s, str) and s for s in self.stop),
-            "non-empty strings",
+            _STOP_LISTS["stop"],
         )
         require(
             o,
             "stop_token_ids",
             self.stop_token_ids,
             all(is_int64(t) and t >= 0 for t in self.stop_token_ids),
-            "non-negative integers (int64)",
+            _STOP_LISTS["stop_token_ids"],
         )
         require(
             o,

@@ -30,6 +30,9 @@ from torch import Tensor
 
 BITS_PER_WORD = 32  # a grammar bitmask packs 32 tokens per int32 word: bit i of word w allows token 32 * w + i (xgrammar's layout)
 
+# the largest logit a repetition penalty leaves: 1e30 / GREEDY_EPS (layers/sampler.py) is finite in float32
+PENALISED_LOGIT_MAX = 1e30
+
 
 def bitmask_words(vocab_size: int) -> int:
     """int32 words of a token bitmask over ``vocab_size`` tokens."""
@@ -91,7 +94,10 @@ class Penalties:
         logits = logits.float() + self.logit_bias[:, None, :]  # [b, n, V]
         seen = self.prompt_mask[:, None, :] | (counts > 0)  # [b, n, V]
         rep = self.repetition[:, None, None]  # [b, 1, 1]
-        logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+        # a tiny penalty's quotient kept finite, also once divided by any sampled temperature (>= GREEDY_EPS): +inf
+        # logits would make the softmax NaN
+        raised = (logits / rep).clamp_(max=PENALISED_LOGIT_MAX)  # [b, n, V]
+        logits = torch.where(seen, torch.where(logits > 0, raised, logits * rep), logits)
         logits = logits - self.frequency[:, None, None] * counts
         logits = logits - self.presence[:, None, None] * (counts > 0).float()
         banned = (positions < self.min_end[:, None])[:, :, None] & self.stop_mask[:, None, :]

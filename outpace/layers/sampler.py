@@ -29,10 +29,11 @@ thresholds that renormalisation does not move), so the two conventions differ on
 top-p and min-p are both set. Disabled values: ``top_k <= 0`` (stored as 0), ``top_p >=
 1``, ``min_p <= 0``.
 
-Ties are resolved by value, never by token id: every filter is "keep tokens whose
-probability is >= a per-row threshold", so tokens tied with the last kept one are kept too
-(top-k may keep more than k tokens when the k-th value is tied; top-p keeps the smallest
-most-probable set reaching top_p, plus tokens tied with its least probable member).
+Ties are resolved by value, never by token id: every filter is "keep tokens whose probability
+is >= a per-row threshold" (compared as scaled logits, which float32 keeps apart where a high
+temperature's softmax would round them together), so tokens tied with the last kept one are
+kept too (top-k may keep more than k tokens when the k-th value is tied; top-p keeps the
+smallest most-probable set reaching top_p, plus tokens tied with its least probable member).
 
 Nothing here syncs with the host (no ``.item()``, no data-dependent shapes), so the
 functions can be captured in CUDA graphs; the Python-level fast paths read only the
@@ -52,6 +53,7 @@ from outpace.layers.argmax import argmax_last
 
 # Temperatures below this are treated as greedy (argmax), as in vLLM.
 GREEDY_EPS = 1e-5
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 def is_greedy(params: Any) -> bool:
@@ -124,7 +126,8 @@ class SamplingTensors:
             top_k = getattr(params, "top_k", None)
             top_p = getattr(params, "top_p", None)
             min_p = getattr(params, "min_p", None)
-            temps.append(1.0 if temperature is None else float(temperature))
+            # (a temperature past float32's largest would be infinite there, and -inf / inf NaN)
+            temps.append(1.0 if temperature is None else min(float(temperature), FLOAT32_MAX))
             top_ks.append(0 if top_k is None or top_k <= 0 else int(top_k))
             top_ps.append(1.0 if top_p is None else float(top_p))
             min_ps.append(0.0 if min_p is None else float(min_p))
@@ -207,35 +210,41 @@ def _processed(logits: Tensor, st: SamplingTensors) -> Tensor:
     if st.all_greedy:
         return _one_hot_argmax(logits)
     n, vocab = logits.shape
-    temperature = torch.where(st.greedy, 1.0, st.temperature)  # [n]
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)  # [n, V]
+    temperature = torch.where(st.greedy, 1.0, st.temperature)  # [n] (finite: ``from_params``)
+    scaled = logits / temperature[:, None]  # [n, V]
     if not (st.need_top_k or st.need_top_p or st.need_min_p):  # temperature alone: no threshold
+        probs = torch.softmax(scaled, dim=-1)  # [n, V]
         return torch.where(st.greedy[:, None], _one_hot_argmax(logits), probs)  # [n, V]
 
-    threshold = torch.zeros(n, dtype=torch.float32, device=logits.device)  # [n]
+    # Each filter's threshold is on the scaled logits (the order of the probabilities, which a high temperature's
+    # float32 softmax rounds into ties: top_k=1 must still keep the most likely token alone).
+    threshold = torch.full((n,), float("-inf"), device=logits.device)  # [n]
     if st.need_top_k or st.need_top_p:
-        sorted_probs = probs.sort(dim=-1, descending=True).values  # [n, V]
-        # top-k: keep probs >= the k-th largest value.
+        sorted_logits = scaled.sort(dim=-1, descending=True).values  # [n, V]
+        sorted_probs = torch.softmax(sorted_logits, dim=-1)  # [n, V]
+        # top-k: keep logits >= the k-th largest value.
         k = torch.where(st.top_k > 0, st.top_k.clamp(max=vocab), vocab)  # [n]
-        kth = sorted_probs.gather(-1, (k - 1)[:, None]).squeeze(-1)  # [n]
+        kth = sorted_logits.gather(-1, (k - 1)[:, None]).squeeze(-1)  # [n]
         # top-p on the renormalised top-k distribution: keep sorted position j while the
         # mass strictly before it is < top_p * (top-k mass). No division needed.
-        in_top_k = sorted_probs >= kth[:, None]  # [n, V], a prefix
+        in_top_k = sorted_logits >= kth[:, None]  # [n, V], a prefix
         top_k_probs = sorted_probs * in_top_k  # [n, V]
         cumulative = top_k_probs.cumsum(dim=-1)  # [n, V]
         mass_before = cumulative - top_k_probs  # [n, V]
         keep_mass = st.top_p[:, None] * cumulative[:, -1:]  # [n, 1]
         num_kept = ((mass_before < keep_mass) & in_top_k).sum(dim=-1).clamp(min=1)  # [n]
         num_kept = torch.where(st.top_p >= 1.0, vocab, num_kept)  # [n]
-        top_p_threshold = sorted_probs.gather(-1, (num_kept - 1)[:, None]).squeeze(-1)  # [n]
+        top_p_threshold = sorted_logits.gather(-1, (num_kept - 1)[:, None]).squeeze(-1)  # [n]
         threshold = torch.maximum(kth, top_p_threshold)  # [n]
     if st.need_min_p:
-        # min-p is relative to the max prob, which renormalisation leaves in proportion.
-        max_prob = probs.amax(dim=-1)  # [n]
-        threshold = torch.maximum(threshold, st.min_p * max_prob)  # [n]
+        # min-p is relative to the max prob, which renormalisation leaves in proportion: p >= min_p * max p
+        # is scaled logit >= max + log(min_p) (min_p 0: -inf, no threshold).
+        threshold = torch.maximum(threshold, scaled.amax(dim=-1) + st.min_p.log())  # [n]
 
-    probs = probs.masked_fill(probs < threshold[:, None], 0.0)  # [n, V]
-    probs = probs / probs.sum(dim=-1, keepdim=True)  # [n, V]
+    # the kept tokens' distribution, renormalised: the softmax over them alone
+    probs = torch.softmax(
+        scaled.masked_fill(scaled < threshold[:, None], float("-inf")), dim=-1
+    )  # [n, V]
     return torch.where(st.greedy[:, None], _one_hot_argmax(logits), probs)  # [n, V]
 
 
