@@ -200,6 +200,38 @@ for out, scale in (("*fp32", "*fp32"), ("*fp16", "*fp32"), ("*bf16", "*bf16"), (
 """
 
 
+# A few-row product of a group-128 weight compiled for sm_90 as quant_matmul launches it: the loads of bf16 values in
+# its K loop (the scales: 2 bytes a row, which the software pipeline does not stream) and what the loop carries on
+SM90_SCALES_AHEAD = """
+import re
+from outpace.layers.quant import quant_matmul_kernel as qm
+x = torch.randn(8, 4096, dtype=torch.bfloat16)
+w = torch.zeros(1024, 512, dtype=torch.int32)
+s = torch.ones(1024, 32, dtype=torch.bfloat16)
+run = lambda: qm.quant_matmul(x, w, s, "int4_group", (1, 128))
+(args, kwargs), = launches_of(qm, ["_quant_matmul_kernel"], run)["_quant_matmul_kernel"]
+ttgir = compile_as_launched(qm._quant_matmul_kernel, args, kwargs).asm["ttgir"]
+lines = ttgir[ttgir.index("scf.for"):].splitlines()
+indent = len(lines[1]) - len(lines[1].lstrip())
+body = lines[1:next(i for i, l in enumerate(lines) if l.startswith(" " * indent + "scf.yield"))]
+yielded = next(l for l in lines if l.startswith(" " * indent + "scf.yield"))
+loads = [l.split("=")[0].strip() for l in body if "tt.load" in l and "ptr<bf16>" in l]
+print(len(loads), all(re.search(re.escape(v) + r"\\b", yielded) for v in loads))
+"""
+
+
+def test_group_scales_of_a_k_step_load_a_step_ahead_on_sm90(tmp_path):
+    """Compiled for sm_90 (no GPU needed): the scales of a K step in one group of 128 columns are loaded in the step
+    before (the loop carries them on), not loaded and used at once, each step waiting on its load."""
+    from pathlib import Path
+
+    from helpers.hopper_compile import run_compile_script
+
+    done = run_compile_script(SM90_SCALES_AHEAD, str(Path(__file__).parents[1]), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1", "True"]
+
+
 def test_int4_tiles_compile_for_sm90_with_the_ptx_path_chosen_at_compile_time(tmp_path):
     """``weight_tile``'s INT4 tiles compiled for sm_90 (no GPU needed): the nibbles by PTX exactly where x and the
     scales share a half-precision dtype, chosen when the kernel compiles. The choice had been a runtime branch
