@@ -12,7 +12,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outpace.validation import ConfigError, is_finite_number, is_int, require, require_positive_int
+from outpace.validation import (
+    ConfigError,
+    is_finite_number,
+    is_int,
+    is_int64,
+    require,
+    require_positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -154,6 +161,9 @@ def _resolve_device(device: str) -> str:
     return device
 
 
+# The longest dist_timeout (about 31 years): torch.distributed keeps deadlines in int64 nanoseconds, where a
+# timeout of 2**63 ns (292 years) or more wraps round to one already past
+MAX_TIMEOUT_S = 10**9
 CPU_KV_BLOCKS = 512  # the CPU pool without num_kv_blocks or cpu_memory_utilization
 GPU_MEMORY_UTILIZATION = 0.9  # the GPU's share without num_kv_blocks or gpu_memory_utilization
 
@@ -293,7 +303,8 @@ class EngineConfig:
             o,
             "device",
             self.device,
-            self.device in ("auto", "cpu") or self.device.startswith("cuda"),
+            isinstance(self.device, str)
+            and (self.device in ("auto", "cpu") or self.device.startswith("cuda")),
             "'auto', 'cpu' or 'cuda[:N]'",
         )
         object.__setattr__(self, "device", _resolve_device(self.device))
@@ -338,7 +349,7 @@ class EngineConfig:
             "None (max_num_seqs) or an integer >= 0",
         )
         require(
-            o, "seed", self.seed, isinstance(self.seed, int) and self.seed >= 0, "an integer >= 0"
+            o, "seed", self.seed, is_int64(self.seed) and self.seed >= 0, "an integer in [0, 2**63)"
         )
         if self.max_model_len is not None:
             require_positive_int(o, "max_model_len", self.max_model_len)
@@ -386,10 +397,8 @@ class EngineConfig:
             o,
             "dist_timeout",
             self.dist_timeout,
-            isinstance(self.dist_timeout, (int, float))
-            and not isinstance(self.dist_timeout, bool)
-            and self.dist_timeout > 0,
-            "a positive number of seconds",
+            is_finite_number(self.dist_timeout) and 0 < self.dist_timeout <= MAX_TIMEOUT_S,
+            f"a positive number of seconds, at most {MAX_TIMEOUT_S}",
         )
         tp, ep = self.tensor_parallel_size, self.expert_parallel_size
         require(

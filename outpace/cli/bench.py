@@ -6,8 +6,14 @@ import argparse
 from pathlib import Path
 
 from outpace.cli.bench_serve import add_serve_bench_args, load_server, sweep_servers
-from outpace.cli.engine_args import add_engine_args, check_model_dir, engine_kwargs
-from outpace.cli.speculative_args import speculative_config
+from outpace.cli.engine_args import (
+    add_engine_args,
+    check_model_dir,
+    engine_kwargs,
+    non_negative_int,
+    positive_int,
+)
+from outpace.cli.speculative_args import add_speculative_args, speculative_config
 from outpace.zoo import zoo_dir
 
 # NOTE: each bench module is imported in the function that runs it: the parser (and `outpace --help`)
@@ -20,6 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     b = sub.add_parser(
         "bench", help="decode throughput with and without speculation; acceptance; or a server"
     )
+    add_bench_args(b)
+    b.set_defaults(func=run)
+
+
+def add_bench_args(b: argparse.ArgumentParser) -> None:
     b.add_argument(
         "what",
         nargs="?",
@@ -33,12 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_engine_args(b)
     b.add_argument(
         "--batch-sizes",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=None,
         help="bench speed (default: 1 8) and e2e (default: 1 8 32): the batches timed",
     )
-    b.add_argument("--max-tokens", type=int, default=64)
+    b.add_argument("--max-tokens", type=positive_int, default=64)
     b.add_argument(
         "--out",
         default=None,
@@ -126,24 +137,82 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cb = b.add_argument_group("bench cpu")
     cb.add_argument(
         "--busy",
-        type=int,
+        type=non_negative_int,
         nargs="+",
         default=[0],
         help="one measurement per value, beside that many spinning processes (e.g. --busy 0 1)",
     )
     cb.add_argument(
-        "--rounds", type=int, default=5, help="interleaved rounds; the median is reported"
+        "--rounds", type=positive_int, default=5, help="interleaved rounds; the median is reported"
     )
     cb.add_argument(
-        "--num-prompts", type=int, default=4, help="prompts of zoo/eval_prompts.json per round"
+        "--num-prompts",
+        type=positive_int,
+        default=4,
+        help="prompts of zoo/eval_prompts.json per round",
     )
     add_serve_bench_args(b)
-    b.set_defaults(func=run)
+
+
+def _dests(add_args) -> set[str]:
+    """The flags (their argparse names) that ``add_args`` adds to a parser."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_args(p)
+    return set(vars(p.parse_args([])))
+
+
+_SPECULATIVE = _dests(add_speculative_args)
+_ENGINE = _dests(add_engine_args) - _SPECULATIVE  # --model and the engine's flags
+_SERVE = {
+    "sweep",
+    "url",
+    "num_requests",
+    "concurrency",
+    "prompts",
+    "max_tokens",
+    "temperature",
+    "chat",
+}
+# The flags each bench reads besides --out (and ``what``, every bench's): another
+# bench's flag given to it is refused by name rather than ignored (bench cpu runs on the CPU: no --device).
+READS = {
+    "speed": {*_ENGINE, *_SPECULATIVE, "batch_sizes", "max_tokens"},
+    "acceptance": {*_ENGINE, "max_tokens"},  # (every zoo drafter: no speculative flags)
+    "cpu": {*_ENGINE - {"device"}, "max_tokens", "busy", "rounds", "num_prompts"},
+    "gpu": {"parts", "shapes", "time_limit"},
+    "multi": {"parts", "time_limit", "no_oracle", "gpus", "dp_reserve", "dp_streams", "workdir"},
+    "e2e": {"workdir", "methods", "max_tokens", "family", "tiny", "batch_sizes"},
+    "serve": {*_SERVE, "api_key", "served_model"},
+    "serve --sweep": {
+        *_SERVE - {"url", "num_requests", "prompts"},
+        *("model_dir", "workdir", "methods", "min_requests", "requests_per_concurrency"),
+        *("min_tokens", "warmup_requests", "seed", "device", "dtype", "serve_args"),
+    },
+}
+
+
+def check_flags_read(a: argparse.Namespace) -> None:
+    """Refuse the flags given (other than their defaults) that the bench run does not read, naming each and
+    the benches that do read it."""
+    p = argparse.ArgumentParser(add_help=False)
+    add_bench_args(p)
+    bench = "serve --sweep" if a.what == "serve" and a.sweep else a.what
+    unread = [
+        name
+        for name, default in vars(p.parse_args([])).items()
+        if name not in READS[bench] | {"what", "out"} and getattr(a, name) != default
+    ]
+    refusals = []
+    for name in unread:
+        *others, last = (b for b, reads in READS.items() if name in reads)
+        readers = f"{', '.join(others)} and {last}" if others else last
+        refusals.append(f"--{name.replace('_', '-')} applies to bench {readers}, not bench {bench}")
+    if refusals:
+        raise ValueError("; ".join(refusals))
 
 
 def run(a: argparse.Namespace) -> None:
-    if a.batch_sizes is not None and a.what not in ("speed", "e2e"):
-        raise ValueError(f"--batch-sizes applies to bench speed and e2e, not bench {a.what}")
+    check_flags_read(a)
     if a.what == "serve" and a.sweep:
         sweep_servers(a)
         return

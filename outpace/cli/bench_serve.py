@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from outpace.cli.engine_args import check_model_dir
+from outpace.cli.engine_args import check_model_dir, non_negative_int, positive_int
 from outpace.zoo import TARGET
 
 # NOTE: the bench modules are imported in the functions that run them: the parser (and `outpace --help`)
@@ -18,10 +18,10 @@ from outpace.zoo import TARGET
 def add_serve_bench_args(b: argparse.ArgumentParser) -> None:
     sb = b.add_argument_group("bench serve")
     sb.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL")
-    sb.add_argument("--num-requests", type=int, default=96)
+    sb.add_argument("--num-requests", type=positive_int, default=96)
     sb.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=None,
         help="requests in flight at once (default 8; --sweep: the levels, default 1 2 4 8 16 "
@@ -56,23 +56,26 @@ def add_serve_bench_args(b: argparse.ArgumentParser) -> None:
         "widened to 8B in --workdir, written once)",
     )
     ss.add_argument(
-        "--min-requests", type=int, default=None, help="requests per level at least (default 16)"
+        "--min-requests",
+        type=positive_int,
+        default=None,
+        help="requests per level at least (default 16)",
     )
     ss.add_argument(
         "--requests-per-concurrency",
-        type=int,
+        type=positive_int,
         default=None,
         help="requests per level: this many times its concurrency, if more (default 4)",
     )
     ss.add_argument(
         "--min-tokens",
-        type=int,
+        type=positive_int,
         default=32,
         help="each request's max_tokens is drawn from --min-tokens to --max-tokens",
     )
     ss.add_argument(
         "--warmup-requests",
-        type=int,
+        type=non_negative_int,
         default=None,
         help="untimed requests before each method's levels (default 64)",
     )
@@ -86,28 +89,37 @@ def add_serve_bench_args(b: argparse.ArgumentParser) -> None:
 
 def load_server(a: argparse.Namespace) -> None:
     """``bench serve``: load the server at --url."""
+    import httpx
+
     from outpace.server.bench import run_serve_bench
 
     if a.concurrency and len(a.concurrency) > 1:
         sys.exit("error: bench serve --url runs one concurrency (several need --sweep)")
-    run_serve_bench(
-        a.url,
-        num_requests=a.num_requests,
-        concurrency=(a.concurrency or [8])[0],
-        prompts=a.prompts,
-        max_tokens=a.max_tokens,
-        temperature=a.temperature,
-        api_key=a.api_key,
-        model=a.served_model,
-        chat=a.chat,
-        out_json=a.out,
-    )
+    if a.prompts is not None and not Path(a.prompts).is_file():
+        raise ValueError(f"--prompts {a.prompts}: no such file")
+    try:
+        run_serve_bench(
+            a.url,
+            num_requests=a.num_requests,
+            concurrency=(a.concurrency or [8])[0],
+            prompts=a.prompts,
+            max_tokens=a.max_tokens,
+            temperature=a.temperature,
+            api_key=a.api_key,
+            model=a.served_model,
+            chat=a.chat,
+            out_json=a.out,
+        )
+    except httpx.TransportError as e:  # (no server there, or an address httpx cannot reach)
+        raise ValueError(f"--url {a.url}: {e or type(e).__name__}") from None
 
 
 def sweep_servers(a: argparse.Namespace) -> None:
     """``bench serve --sweep``: start a server per method and load each at every concurrency."""
     from outpace.bench.serve_sweep import SweepConfig, run_serve_sweep
 
+    if a.min_tokens > a.max_tokens:
+        raise ValueError(f"--min-tokens {a.min_tokens} is more than --max-tokens {a.max_tokens}")
     model_dir = Path(a.model_dir or a.workdir)
     if a.model_dir is None:
         from outpace.bench.e2e import widened_zoo

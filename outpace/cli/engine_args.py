@@ -65,7 +65,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         type=int,
         default=None,
         help="hybrid targets with prefix caching: recurrent states kept at block boundaries "
-        "(default: --max-num-seqs; 0 turns their prefix caching off)",
+        "(default: max_num_seqs, the running batch's limit: 64, or serve's flag of that name; 0 "
+        "turns their prefix caching off)",
     )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
@@ -83,8 +84,8 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         default=None,
         metavar="N",
         help="the batch sizes whose decode step is captured (default: 1, 2, 4, 8, 16, 32, 48, 64, "
-        "96, 128, 192, 256 below --max-num-seqs, and --max-num-seqs); larger batches run "
-        "eagerly",
+        "96, 128, 192, 256 below max_num_seqs, the running batch's limit, and max_num_seqs: 64, or "
+        "serve's flag of that name); larger batches run eagerly",
     )
     p.add_argument(
         "--no-run-ahead",
@@ -131,6 +132,22 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         "stops, naming it (default 300)",
     )
     add_speculative_args(p)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (a count, a size), else the flag's usage error."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: must be an integer >= 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0, else the flag's usage error."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is invalid: must be an integer >= 0")
+    return value
 
 
 def resolve_model(a: argparse.Namespace) -> None:

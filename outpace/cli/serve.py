@@ -132,6 +132,11 @@ def run(a: argparse.Namespace) -> None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (the model's call format)"
         )
+    for flag, value in (("--api-key", a.api_key), ("--served-model-name", a.served_model_name)):
+        if value == "":  # (an unset shell variable: an empty key would serve without one)
+            raise ValueError(f"{flag} is empty: give a value, or leave the flag out")
+    if a.drain_timeout is not None and a.drain_timeout < 0:
+        raise ValueError(f"--drain-timeout {a.drain_timeout} is invalid: must be >= 0 seconds")
     check_model_dir(a.model)
     if os.environ.get("RANK", "0") == "0":  # (under torchrun only rank 0 serves: launch.py)
         check_can_listen(a.host, a.port)

@@ -55,6 +55,11 @@ def run(a: argparse.Namespace) -> None:
     from outpace.model_config import ModelConfig
     from outpace.speculative.hot_vocab import most_frequent, token_counts
 
+    out = Path(a.out)
+    if out.is_dir():
+        sys.exit(f"error: --out {out} is a directory: name the map's file")
+    if not out.parent.is_dir():
+        sys.exit(f"error: --out {out}: no directory {out.parent} to write it in")
     vocab = ModelConfig.from_pretrained(a.model).vocab_size
     if not 0 < a.size <= vocab:
         sys.exit(f"error: --size {a.size} is not in [1, {vocab}] (the model's vocabulary)")

@@ -81,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_recipe_args(p: argparse.ArgumentParser) -> None:
     """Flags every recipe takes; --steps, --max-minutes, --seed and --set override the recipe's values."""
     p.add_argument("--out", required=True)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N (default: cuda)")
     p.add_argument("--toy", action="store_true", help="CPU-sized recipe (seconds)")
     p.add_argument("--steps", type=int)
     p.add_argument("--max-minutes", type=float)
@@ -95,6 +95,23 @@ def add_recipe_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def check_device(device: str) -> None:
+    """Refuse a --device that training cannot run on before the recipe makes any data: cpu, or a CUDA
+    device torch sees."""
+    import torch
+
+    if device == "cpu":
+        return
+    if device != "cuda" and not (device.startswith("cuda:") and device[5:].isdigit()):
+        raise ValueError(f"--device {device!r} is invalid: must be cpu, cuda or cuda:N")
+    index = int(device[5:] or 0)
+    if index >= torch.cuda.device_count():
+        raise ValueError(
+            f"--device {device}: torch {torch.__version__} sees {torch.cuda.device_count()} GPUs here "
+            "(train on the CPU with --device cpu)"
+        )
+
+
 def recipe_overrides(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
     return {n: getattr(a, n) for n in names if getattr(a, n, None) is not None}
 
@@ -102,6 +119,7 @@ def recipe_overrides(a: argparse.Namespace, names: tuple[str, ...]) -> dict:
 def run_target(a: argparse.Namespace) -> None:
     from outpace.train.target import TargetRecipe, reproducibility_check, train_target
 
+    check_device(a.device)
     overrides = {**recipe_overrides(a, ("steps", "max_minutes", "seed")), **field_values(a.set)}
     try:
         recipe = TargetRecipe.toy(**overrides) if a.toy else TargetRecipe(**overrides)
@@ -140,6 +158,7 @@ def draft_recipe(a: argparse.Namespace):
 def run_draft(a: argparse.Namespace) -> None:
     from outpace.train.ranks import train_on_ranks
 
+    check_device(a.device)
     a.target = a.target or str(default_model())
     check_model_dir(a.target)
     train_fn = resolve({a.method: DRAFT_RECIPES[a.method][1]}, a.method, "draft recipe")

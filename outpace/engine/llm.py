@@ -11,7 +11,9 @@ the other ranks; collecting the object does too.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import numbers
+from collections.abc import Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -56,13 +58,8 @@ class LLM:
         cumulative log-probability are returned, best first (with ``best_of`` == ``n``: all, in order).
         Every prompt is validated before any is queued, so one bad prompt leaves the engine untouched.
         """
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        params_list = (
-            list(params)
-            if isinstance(params, (list, tuple))
-            else [params or SamplingParams()] * len(prompts)
-        )
+        prompts = _prompt_list(prompts)
+        params_list = _params_list(params, len(prompts))
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         groups = [
@@ -74,10 +71,11 @@ class LLM:
                 self.engine.submit(r)
         ids = [r.request_id for group in groups for r in group]
         results: dict[str, RequestOutput] = {}
+        mine = set(ids)  # (the engine may serve other requests too)
         with tqdm(total=len(ids), desc="generating", disable=not progress) as bar:
             while len(results) < len(ids):
                 for out in self.engine.step():
-                    if out.finished:
+                    if out.finished and out.request_id in mine:
                         results[out.request_id] = out
                         bar.update(1)
         return [
@@ -102,23 +100,94 @@ class LLM:
                 f"model {self.engine.config.model} has no chat template: pass chat_template= or "
                 "use generate()"
             )
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not _is_sequence(messages):
+            raise TypeError(
+                f"messages is a {type(messages).__name__}: it must be a list of {{'role', 'content'}} "
+                "messages or a list of such lists"
+            )
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = []
         for i, conversation in enumerate(conversations):
-            if not conversation or not all(
-                isinstance(m, dict) and "role" in m and "content" in m for m in conversation
-            ):
-                raise ValueError(
-                    f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages"
-                )
             text = tok.apply_chat_template(
-                conversation,
+                _template_messages(i, conversation),
                 chat_template=chat_template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
             )
             prompts.append(tok.encode(text, add_special_tokens=False))
         return self.generate(prompts, params, progress)
+
+
+def _prompt_list(prompts: Any) -> list[Prompt]:
+    """``generate``'s prompts as a list: one text or one list of token ids is one prompt. Anything else is refused
+    with its index (bytes too, which would read as token ids, and vLLM's prompt dicts)."""
+    if isinstance(prompts, str) or (
+        _is_sequence(prompts) and len(prompts) and isinstance(prompts[0], numbers.Integral)
+    ):
+        return [prompts]
+    if not _is_sequence(prompts):
+        raise TypeError(
+            f"prompts is a {type(prompts).__name__}: it must be a string, a list of token ids or a "
+            "list of them"
+        )
+    for i, prompt in enumerate(prompts):
+        if not (isinstance(prompt, str) or _is_sequence(prompt)):
+            raise TypeError(
+                f"prompt {i} is a {type(prompt).__name__}: a prompt is a string or a list of token ids"
+            )
+    return list(prompts)
+
+
+def _template_messages(i: int, conversation: Any) -> list[dict]:
+    """Conversation ``i``'s messages as the chat template reads them, as the server passes them
+    (server/protocol.py ``conversation``): a content of OpenAI's text parts joined, None as "", the role
+    ``developer`` as ``system``. Other content (an image part, a number) is refused naming the message."""
+    if not (
+        _is_sequence(conversation)
+        and conversation
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation)
+    ):
+        raise ValueError(
+            f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages"
+        )
+    out = []
+    for j, message in enumerate(conversation):
+        content = "" if message["content"] is None else message["content"]
+        if _is_sequence(content):
+            for k, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(
+                        f"conversation {i} message {j} content part {k} ({kind!r}) is not supported: "
+                        "only {'type': 'text', 'text': str} parts"
+                    )
+            content = "".join(part["text"] for part in content)
+        elif not isinstance(content, str):
+            raise ValueError(
+                f"conversation {i} message {j}: content must be a string, a list of text parts or "
+                f"None, not a {type(content).__name__}"
+            )
+        role = "system" if message["role"] == "developer" else message["role"]
+        out.append({**message, "role": role, "content": content})
+    return out
+
+
+def _is_sequence(value: Any) -> bool:
+    """A list or tuple of items (not text: bytes iterate as integers)."""
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))
+
+
+def _params_list(params: Any, count: int) -> list[SamplingParams]:
+    """The SamplingParams of each of ``count`` prompts: one for all (None: the defaults), or a list of them."""
+    if not isinstance(params, (list, tuple)):
+        params = [params or SamplingParams()] * count
+    for i, sp in enumerate(params):
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(
+                f"params {i} is a {type(sp).__name__}: params must be SamplingParams, a list of them "
+                "(one per prompt) or None"
+            )
+    return list(params)
 
 
 def _children(params: SamplingParams) -> list[SamplingParams]:

@@ -1,0 +1,261 @@
+"""Bad flags, values, paths and inputs, as a user of vLLM's CLI and offline API types them: each is refused
+naming the flag, field or input, before any heavy work, and none is silently ignored."""
+
+import math
+import re
+
+import pytest
+import torch
+
+import outpace.bench.decode
+import outpace.server.app
+import outpace.train.target
+from outpace import LLM, SamplingParams
+from outpace.cli import main, parse_args
+from outpace.config import EngineConfig
+from outpace.validation import ConfigError
+from outpace.zoo import default_model, zoo_dir
+
+TARGET = str(default_model())
+FLAG = r"(?<![\w-])--[a-z][a-z0-9-]*"
+
+
+class Reached(AssertionError):
+    """The command went on to its heavy work (a model load, a benchmark, a training run)."""
+
+
+def refuse(*args, **kwargs):
+    raise Reached("the command went on past its arguments")
+
+
+def error_of(argv: list[str]) -> str:
+    """The one-line error a command exits with."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert isinstance(e.value.code, str) and e.value.code.startswith("error: "), e.value.code
+    return e.value.code
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with LLM(TARGET, device="cpu", num_kv_blocks=16) as llm:
+        yield llm
+
+
+ONE_TOKEN = SamplingParams(max_tokens=1)
+
+
+def test_generate_refuses_prompts_that_are_neither_text_nor_token_ids(llm):
+    """bytes were read as token ids (b"abc" -> [97, 98, 99]) and generated for; the other shapes failed deep
+    inside with a TypeError or a KeyError naming no prompt."""
+    refusals = {
+        "prompts is a bytes": b"abc",
+        "prompts is a int": 5,
+        "prompts is a NoneType": None,
+        "prompts is a dict": {"prompt": "x"},
+        "prompt 1 is a NoneType": ["x", None],
+        "prompt 0 is a dict": [{"prompt_token_ids": [1, 2]}],
+        "prompt 1 is a bytes": ["x", b"y"],
+    }
+    for message, prompts in refusals.items():
+        with pytest.raises(TypeError, match=message):
+            llm.generate(prompts, ONE_TOKEN)
+    # what a prompt may be: text, token ids (a tuple too), a list mixing them
+    outs = llm.generate(["x", [5, 6], (7,)], ONE_TOKEN)
+    assert [o.prompt_token_ids[-1] for o in outs[1:]] == [6, 7]
+
+
+def test_generate_refuses_params_that_are_not_sampling_params(llm):
+    """A dict, a None in a list or a generator failed with an AttributeError on 'best_of'."""
+    for params in ({"max_tokens": 1}, [None], (p for p in [ONE_TOKEN])):
+        with pytest.raises(TypeError, match="params 0 is a .*: params must be SamplingParams"):
+            llm.generate("x", params)
+
+
+def test_chat_takes_openai_text_parts_and_the_developer_role(llm):
+    """OpenAI's content parts and the developer role, which the server takes, reached the template as they
+    were (a TypeError inside the template; 'unknown chat role: developer')."""
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    parts = [
+        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+        },
+    ]
+    ids = [llm.chat(c, ONE_TOKEN)[0].prompt_token_ids for c in (plain, parts)]
+    assert ids[0] == ids[1]
+    image = {"type": "image_url", "image_url": {"url": "data:"}}
+    with pytest.raises(
+        ValueError, match=r"conversation 0 message 0 content part 1 \('image_url'\)"
+    ):
+        llm.chat([{"role": "user", "content": [{"type": "text", "text": "a"}, image]}], ONE_TOKEN)
+    with pytest.raises(ValueError, match="conversation 0 message 0: content must be .* not a int"):
+        llm.chat([{"role": "user", "content": 3}], ONE_TOKEN)
+    with pytest.raises(TypeError, match="messages is a dict"):  # was KeyError: 0
+        llm.chat({"role": "user", "content": "hi"}, ONE_TOKEN)
+
+
+def test_engine_config_refuses_a_device_seed_or_timeout_of_the_wrong_kind():
+    """device=None raised an AttributeError, seed=True and seed=2**64 torch's errors at start-up, and a
+    dist_timeout of inf or one past int64 nanoseconds a traceback (or a timeout already past) in the ranks."""
+    refusals = {
+        "device=None": dict(device=None),
+        "seed=True": dict(seed=True),
+        "seed=18446744073709551616": dict(seed=2**64),
+        "dist_timeout=inf": dict(dist_timeout=math.inf),
+        "dist_timeout=1000000000000000.0": dict(dist_timeout=1e15),
+    }
+    for message, kwargs in refusals.items():
+        with pytest.raises(ConfigError, match=f"EngineConfig.{message} is invalid"):
+            EngineConfig(model=TARGET, **{"device": "cpu", **kwargs})
+    assert EngineConfig(model=TARGET, device="cpu", dist_timeout=10**9).dist_timeout == 10**9
+
+
+def test_serve_refuses_an_empty_api_key_or_name_and_a_negative_drain_timeout(monkeypatch):
+    """--api-key "" (an unset shell variable) served with no key at all, --served-model-name "" fell back to
+    the directory's name and --drain-timeout -1 aborted every request at shutdown."""
+    monkeypatch.setattr(outpace.server.app, "run_server", refuse)
+    serve = ["serve", TARGET, "--device", "cpu"]
+    assert (
+        error_of([*serve, "--api-key", ""])
+        == "error: --api-key is empty: give a value, or leave the flag out"
+    )
+    assert "--served-model-name is empty" in error_of([*serve, "--served-model-name", ""])
+    assert "--drain-timeout -1 is invalid" in error_of([*serve, "--drain-timeout", "-1"])
+
+
+def test_bench_refuses_the_flags_of_other_benches(monkeypatch):
+    """Only --batch-sizes was refused where it was not read: bench speed ran at temperature 0 with
+    --temperature 0.5, bench acceptance ignored --method, bench cpu --device cuda ran on the CPU."""
+    monkeypatch.setattr(outpace.bench.decode, "run_decode_bench", refuse)
+    refusals = {
+        "--temperature applies to bench serve and serve --sweep, not bench speed": [
+            "--temperature",
+            "0.5",
+        ],
+        "--method applies to bench speed, not bench acceptance": [
+            "acceptance",
+            "--method",
+            "ngram",
+        ],
+        "--device applies to bench speed, acceptance and serve --sweep, not bench cpu": [
+            "cpu",
+            "--device",
+            "cuda",
+        ],
+        "--tensor-parallel-size applies to bench speed, acceptance and cpu, not bench serve": [
+            "serve",
+            "--tp",
+            "2",
+        ],
+        "--url applies to bench serve, not bench serve --sweep": [
+            "serve",
+            "--sweep",
+            "--url",
+            "http://x",
+        ],
+        "--sweep applies to bench serve and serve --sweep, not bench speed": ["--sweep"],
+        "--model applies to bench speed, acceptance and cpu, not bench gpu": [
+            "gpu",
+            "--model",
+            TARGET,
+        ],
+    }
+    for message, flags in refusals.items():
+        assert message in error_of(["bench", *flags])
+    with pytest.raises(Reached):  # the flags bench speed reads pass
+        main(
+            [
+                "bench",
+                "--device",
+                "cpu",
+                "--method",
+                "ngram",
+                "--batch-sizes",
+                "2",
+                "--max-tokens",
+                "8",
+            ]
+        )
+
+
+def test_bench_counts_must_be_positive(capsys):
+    """--batch-sizes 0 ran into a ZeroDivisionError and bench cpu --rounds 0 into 'no median for empty
+    data', after loading the models; bench serve --concurrency 0 named 'client_processes'."""
+    for flags in (
+        ["--batch-sizes", "0"],
+        ["--max-tokens", "-1"],
+        ["cpu", "--rounds", "0"],
+        ["cpu", "--busy", "-1"],
+        ["serve", "--concurrency", "0"],
+        ["serve", "--num-requests", "0"],
+    ):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["bench", *flags])
+        assert e.value.code == 2  # argparse's usage error
+        assert f"argument {flags[-2]}: {flags[-1]} is invalid: must be an integer >=" in (
+            capsys.readouterr().err
+        )
+
+
+def test_bench_serve_names_the_url_without_a_server_and_a_missing_prompts_file(tmp_path):
+    """Both were tracebacks (httpx.ConnectError; a FileNotFoundError naming no flag)."""
+    url = "http://127.0.0.1:1"
+    bench = ["bench", "serve", "--url", url, "--num-requests", "1"]
+    assert error_of(bench).startswith(f"error: --url {url}: ")
+    missing = tmp_path / "prompts.json"
+    assert (
+        error_of([*bench, "--prompts", str(missing)]) == f"error: --prompts {missing}: no such file"
+    )
+
+
+def test_train_refuses_a_device_it_cannot_use_before_making_data(monkeypatch, tmp_path):
+    """train target --device gpu (or cuda on a machine without one, the default) prepared the data for half
+    a minute, then failed with torch's traceback."""
+    monkeypatch.setattr(outpace.train.target, "prepare_data", refuse)
+    monkeypatch.setattr(outpace.train.target, "train_target", refuse)
+    out = ["--out", str(tmp_path / "out"), "--toy"]
+    message = "error: --device 'gpu' is invalid: must be cpu, cuda or cuda:N"
+    assert error_of(["train", "target", *out, "--device", "gpu"]) == message
+    assert error_of(["train", "draft", "--method", "eagle3", *out, "--device", "gpu"]) == message
+    if not torch.cuda.is_available():
+        assert "--device cuda: torch" in error_of(["train", "target", *out])
+    assert "--device cuda:99: torch" in error_of(["train", "target", *out, "--device", "cuda:99"])
+
+
+def test_token_map_refuses_an_out_it_cannot_write_before_counting(tmp_path):
+    """--out naming a directory, or a file in a missing one, failed in torch.save after the counting."""
+    text = tmp_path / "text.txt"
+    text.write_text("def f(x):\n    return x\n")
+    token_map = [
+        "token-map",
+        str(zoo_dir() / "tinypy"),
+        "--text",
+        str(text),
+        "--size",
+        "8",
+        "--out",
+    ]
+    assert "is a directory" in error_of([*token_map, str(tmp_path)])
+    missing = tmp_path / "missing" / "map.pt"
+    assert f"no directory {missing.parent}" in error_of([*token_map, str(missing)])
+
+
+@pytest.mark.parametrize("command", ["generate", "serve", "bench", "token-map"])
+def test_help_names_only_flags_the_command_takes(command, capsys, monkeypatch):
+    """generate's and bench's --help gave --max-num-seqs as the default of --cuda-graph-sizes and
+    --num-state-checkpoints: only serve takes it."""
+    monkeypatch.setenv("COLUMNS", "1000")  # (no flag cut at a line's end)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    # each option's line: its spellings, then (past two spaces) its help
+    taken = {
+        flag
+        for line in lines
+        if line.startswith("  -")
+        for flag in re.findall(FLAG, line.strip().split("  ")[0])
+    }
+    named = set(re.findall(FLAG, "\n".join(lines))) - {"--nproc-per-node"}  # (torchrun's)
+    assert named - taken == set()
