@@ -351,8 +351,13 @@ class EngineConfig:
         require(
             o, "seed", self.seed, is_int64(self.seed) and self.seed >= 0, "an integer in [0, 2**63)"
         )
-        if self.max_model_len is not None:
-            require_positive_int(o, "max_model_len", self.max_model_len)
+        require(  # (a context of one token holds a prompt and no room to generate: every request refused)
+            o,
+            "max_model_len",
+            self.max_model_len,
+            self.max_model_len is None or (is_int(self.max_model_len) and self.max_model_len >= 2),
+            "None (the model's) or an integer >= 2: a prompt token and one to generate",
+        )
         if self.cuda_graph_sizes is not None:
             sizes = self.cuda_graph_sizes
             require(

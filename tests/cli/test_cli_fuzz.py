@@ -98,13 +98,15 @@ def test_chat_takes_openai_text_parts_and_the_developer_role(llm):
 
 def test_engine_config_refuses_a_device_seed_or_timeout_of_the_wrong_kind():
     """device=None raised an AttributeError, seed=True and seed=2**64 torch's errors at start-up, and a
-    dist_timeout of inf or one past int64 nanoseconds a traceback (or a timeout already past) in the ranks."""
+    dist_timeout of inf or one past int64 nanoseconds a traceback (or a timeout already past) in the ranks;
+    max_model_len=1 started an engine that refused every prompt."""
     refusals = {
         "device=None": dict(device=None),
         "seed=True": dict(seed=True),
         "seed=18446744073709551616": dict(seed=2**64),
         "dist_timeout=inf": dict(dist_timeout=math.inf),
         "dist_timeout=1000000000000000.0": dict(dist_timeout=1e15),
+        "max_model_len=1": dict(max_model_len=1),
     }
     for message, kwargs in refusals.items():
         with pytest.raises(ConfigError, match=f"EngineConfig.{message} is invalid"):
