@@ -295,7 +295,8 @@ class LLMEngine:
                 f"at most {self.max_model_len - 1} prompt tokens leave room to generate"
             )
         self._check_room(len(token_ids), params.max_tokens)
-        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id is None:  # (one no request holds: a caller's own ids may look like ours)
+            request_id = next(i for i in map("req-{}".format, self._ids) if i not in self._requests)
         seed = (
             params.seed
             if params.seed is not None

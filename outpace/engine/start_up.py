@@ -369,7 +369,8 @@ def context_limit(
     config: EngineConfig, max_pos: int, pool: BlockPool, reserved: int, progress: bool
 ) -> tuple[str, int]:
     """What sets the context (the model, the KV cache less its ``reserved`` rows, or ``max_model_len``:
-    the smallest) and the tokens it holds, reported; refused when less than ``max_model_len``."""
+    the smallest) and the tokens it holds, reported; refused when less than ``max_model_len``, or when a fixed
+    pool holds no request (``refuse_too_small``'s bound for a pool sized from memory)."""
     limits = {
         "max_position_embeddings": max_pos,
         f"the KV cache ({pool.num_blocks} blocks of {config.block_size})": pool.num_blocks
@@ -379,6 +380,13 @@ def context_limit(
     if config.max_model_len:
         limits["max_model_len"] = config.max_model_len
     limit = min(limits, key=limits.get)
+    if limit.startswith("the KV cache") and limits[limit] < 2:
+        drafts = f" (past the {reserved} rows its drafts reserve)" if reserved else ""
+        raise ConfigError(
+            f"EngineConfig.num_kv_blocks={config.num_kv_blocks} is invalid: {limit} holds "
+            f"{max(limits[limit], 0)} tokens for a request{drafts}, which needs 2 (a prompt token and "
+            "one to generate): raise num_kv_blocks or block_size"
+        )
     if config.max_model_len and limits[limit] < config.max_model_len:
         raise ConfigError(
             f"EngineConfig.max_model_len={config.max_model_len} is invalid: the context holds "
