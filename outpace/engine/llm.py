@@ -19,9 +19,10 @@ from tqdm.auto import tqdm
 
 from outpace.config import EngineConfig
 from outpace.engine.engine import LLMEngine
-from outpace.request import CompletionOutput, RequestOutput
+from outpace.request import CompletionOutput, Request, RequestOutput
 from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
+from outpace.validation import RequestFieldError
 
 Prompt = str | Sequence[int]
 Conversation = list[dict[str, str]]
@@ -63,8 +64,8 @@ class LLM:
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         groups = [
-            [self.engine.new_request(p, child) for child in _children(sp)]
-            for p, sp in zip(prompts, params_list)
+            _requests_of(self.engine, i if len(prompts) > 1 else None, p, sp)
+            for i, (p, sp) in enumerate(zip(prompts, params_list))
         ]
         for group in groups:
             for r in group:
@@ -116,6 +117,23 @@ class LLM:
             )
             prompts.append(tok.encode(text, add_special_tokens=False))
         return self.generate(prompts, params, progress)
+
+
+def _requests_of(
+    engine: LLMEngine, index: int | None, prompt: Prompt, params: SamplingParams
+) -> list[Request]:
+    """The engine requests of one prompt (``_children``), made but not queued; a refusal of prompt ``index`` of
+    several names it."""
+    try:
+        return [engine.new_request(prompt, child) for child in _children(params)]
+    except ValueError as e:
+        if index is None:
+            raise
+        message = f"prompt {index}: {e}"
+        field = getattr(e, "field", None)  # (a RequestFieldError keeps naming its field)
+        raise (
+            ValueError(message) if field is None else RequestFieldError(field, message)
+        ) from None
 
 
 def _prompt_list(prompts: Any) -> list[Prompt]:

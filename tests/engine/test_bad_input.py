@@ -11,7 +11,7 @@ from helpers.hf_models import make_hf_model, save_hf_model
 from outpace import LLM, SamplingParams
 from outpace.checkpoint import CheckpointError
 from outpace.config import EngineConfig
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, RequestFieldError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
@@ -118,8 +118,11 @@ def test_bad_prompts_leave_other_requests_unharmed(llama_dir):
         engine.add_request([1, 10_000], GREEDY)
     with pytest.raises(ValueError, match="no tokenizer"):
         engine.add_request("text prompt", GREEDY)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="^prompt 1: prompt is empty"):  # (which of several)
         llm.generate([good, []], GREEDY)
+    with pytest.raises(RequestFieldError, match="^prompt 0: ") as refused:
+        llm.generate([good, good], [SamplingParams(max_tokens=10**6), GREEDY])
+    assert refused.value.field == "max_tokens"
     done = []
     while engine.has_unfinished_requests:
         done += engine.step()
