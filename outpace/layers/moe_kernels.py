@@ -93,6 +93,12 @@ block-FP8 down scale [hidden / bn, S * inter / bk] seen as [S, hidden / bn, inte
 (inter / bk, S * inter / bk, 1)), and each slot's scale rows are chosen as its weight rows
 are (``_expert_rows``), their column stride the routed scales' (a choice per slot of it too spilled
 registers in the fp8 gate/up kernel's few-token tile, ptxas -v for sm_90a).
+
+SCALES AHEAD: over INT4 stacks whose K step lies in one group (groups of 128 columns: RedHatAI's w4a16 releases of
+Qwen3-30B-A3B, against Kimi-K2's 32) a row's scales for a step are one 2-byte value, which Triton's software
+pipeline does not stream (its cp.async takes 4 bytes or more), so each step would wait on their load; the
+few-token tiles' K loops load each step's scales in the step before instead (``_first_scales``, ``_add_product``),
+as layers/quant/quant_matmul_kernel.py's dense few-row product does (its docstring: INT4 K steps).
 """
 
 from __future__ import annotations
@@ -105,7 +111,14 @@ from outpace.layers.expert_blocks import SMALL_BLOCK_M
 from outpace.layers.fused_kernels import gelu_tanh
 from outpace.layers.pdl import pdl_enter
 from outpace.layers.quant.quant_matmul_kernel import one_row_max_k
-from outpace.layers.quant.weight_tiles import row_sums, row_times_tile, scale_rows, weight_tile
+from outpace.layers.quant.weight_tiles import (
+    int4_group_scales,
+    int4_tile,
+    row_sums,
+    row_times_tile,
+    scale_rows,
+    weight_tile,
+)
 
 ACTIVATIONS = ("silu", "gelu_tanh", "relu2")  # the kernels' expert activations (module docstring)
 
@@ -286,35 +299,67 @@ def _activation(gate, up, limit, ACT: tl.constexpr, GATED: tl.constexpr, CLAMP: 
 
 
 @triton.jit
-def _add_product(
-    acc,  # [BLOCK_M, BLOCK_N] float32
-    x,  # [BLOCK_M, BLOCK_K] the rows' columns k0 .. k0 + BLOCK_K - 1, in the compute dtype
-    w_rows,  # [BLOCK_N, 1] pointers: each weight row's start
+def _first_scales(
     s_base,  # the expert's scales (``_expert_rows``)
     s_rs,  # and their row stride
     offs_n,  # [BLOCK_N] the weight rows
+    K,
+    n_ok,  # [BLOCK_N]
+    stride_sk,
+    FORMAT: tl.constexpr,
+    SCALE_BN: tl.constexpr,
+    SCALE_BK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    K_TILED: tl.constexpr,
+    AHEAD: tl.constexpr,  # the K loop loads each step's INT4 scales a step ahead (module docstring, SCALES AHEAD)
+):
+    """-> (the weight rows' scale pointers [BLOCK_N, 1], the first K step's INT4 group scales [BLOCK_N, BLOCK_K /
+    SCALE_BK] where ``AHEAD``, else a placeholder: what ``_add_product`` carries from step to step)."""
+    # (one return: Triton compiles every return of a function, a constexpr branch's too, and their types must agree)
+    s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)
+    if AHEAD:  # (column 0 as a tensor: ``int4_group_scales`` hints its multiple)
+        k0 = tl.full([], 0, tl.int32)
+        first = int4_group_scales(s_rows, k0, K, n_ok, stride_sk, SCALE_BK, BLOCK_K, K_TILED)
+    else:
+        first = tl.zeros([1], tl.float32)
+    return s_rows, first
+
+
+@triton.jit
+def _add_product(
+    acc,  # [BLOCK_M, BLOCK_N] float32
+    scale,  # AHEAD: [BLOCK_N, BLOCK_K / SCALE_BK] this step's INT4 group scales, loaded a step ago; else unused
+    x,  # [BLOCK_M, BLOCK_K] the rows' columns k0 .. k0 + BLOCK_K - 1, in the compute dtype
+    w_rows,  # [BLOCK_N, 1] pointers: each weight row's start
+    s_rows,  # [BLOCK_N, 1] pointers: each weight row's scales (``_first_scales``)
     k0,
     K,  # the weight's columns (logical, unpacked)
     n_ok,  # [BLOCK_N] the weight rows that exist
     stride_sk,  # the scales' column stride
     FORMAT: tl.constexpr,
-    SCALE_BN: tl.constexpr,
     SCALE_BK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     K_TILED: tl.constexpr,  # K a multiple of BLOCK_K (``weight_tile``)
+    AHEAD: tl.constexpr,  # (``_first_scales``)
 ):
-    """acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N]: the
-    tile dequantized in registers (``weight_tile``). For block FP8 this read the experts faster than scaling
-    each step's product of the raw fp8 values (as layers/fused_projection.py's ``_weighed_product`` does) on
-    the H200: Step-3.5-Flash-FP8 at
-    EP = 2, one token, 28.1 us a layer's gate/up against 35.3 (gpu_2026-11-30f calls 1 and 5, step timelines;
-    DeepSeek-V2-Lite FP8 450.0 against 423.1 tok/s at batch 1)."""
-    s_rows = scale_rows(s_base, offs_n, s_rs, FORMAT, SCALE_BN)  # (loop-invariant)
-    w = weight_tile(
-        w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype, K_TILED
-    )
-    return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)
+    """-> (acc + x times the weight's tile at columns k0 .. k0 + BLOCK_K - 1, transposed: [BLOCK_M, BLOCK_N]; the
+    next step's ``scale``): the tile dequantized in registers (``weight_tile``). For block FP8 this read the
+    experts faster than scaling each step's product of the raw fp8 values (as layers/fused_projection.py's
+    ``_weighed_product`` does) on the H200: Step-3.5-Flash-FP8 at EP = 2, one token, 28.1 us a layer's gate/up
+    against 35.3 (gpu_2026-11-30f calls 1 and 5, step timelines; DeepSeek-V2-Lite FP8 450.0 against 423.1 tok/s at
+    batch 1)."""
+    if AHEAD:  # the next step's scales asked for before this step's tile (masked along K: none past the last)
+        following = int4_group_scales(
+            s_rows, k0 + BLOCK_K, K, n_ok, stride_sk, SCALE_BK, BLOCK_K, False
+        )
+        w = int4_tile(w_rows, scale, k0, K, n_ok, SCALE_BK, BLOCK_K, x.dtype, K_TILED)
+    else:
+        following = scale
+        w = weight_tile(
+            w_rows, s_rows, k0, K, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K, x.dtype, K_TILED
+        )
+    return tl.dot(x, tl.trans(w), acc, input_precision=PRECISION), following
 
 
 @triton.jit
@@ -415,6 +460,8 @@ def expert_gate_up_kernel(
     ROW_SCALE: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
+    # INT4 stacks whose K step lies in one group: each step's scales loaded a step ahead (SCALES AHEAD)
+    AHEAD: tl.constexpr = FORMAT == "int4_group" and ROWS > 1 and SCALE_BK >= BLOCK_K
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(
         sorted_pairs_ptr, block_expert_ptr, ids_ptr, stride_ids, pairs, num_routed, TOP_K, SLOTS,
@@ -461,6 +508,14 @@ def expert_gate_up_kernel(
             stride_susn,
             num_routed,
         )
+        gate_s_rows, gate_s = _first_scales(
+            gate_s_base, gate_s_rs, offs_n, hidden, n_ok, stride_gsk, FORMAT, SCALE_BN, SCALE_BK, BLOCK_K,
+            K_TILED, AHEAD and GATED,
+        )  # fmt: skip
+        up_s_rows, up_s = _first_scales(
+            up_s_base, up_s_rs, offs_n, hidden, n_ok, stride_usk, FORMAT, SCALE_BN, SCALE_BK, BLOCK_K,
+            K_TILED, AHEAD,
+        )  # fmt: skip
         if ROWS == 1:  # the groups apart (``row_times_tile``)
             gate = tl.zeros([BLOCK_N, BLOCK_K // GROUP], tl.float32)
             up = tl.zeros([BLOCK_N, BLOCK_K // GROUP], tl.float32)
@@ -487,42 +542,14 @@ def expert_gate_up_kernel(
                     other=0.0,
                 )  # [BLOCK_M, BLOCK_K]
                 if GATED:
-                    gate = _add_product(
-                        gate,
-                        x,
-                        gate_rows,
-                        gate_s_base,
-                        gate_s_rs,
-                        offs_n,
-                        k0,
-                        hidden,
-                        n_ok,
-                        stride_gsk,
-                        FORMAT,
-                        SCALE_BN,
-                        SCALE_BK,
-                        BLOCK_K,
-                        PRECISION,
-                        K_TILED,
-                    )
-                up = _add_product(
-                    up,
-                    x,
-                    up_rows,
-                    up_s_base,
-                    up_s_rs,
-                    offs_n,
-                    k0,
-                    hidden,
-                    n_ok,
-                    stride_usk,
-                    FORMAT,
-                    SCALE_BN,
-                    SCALE_BK,
-                    BLOCK_K,
-                    PRECISION,
-                    K_TILED,
-                )
+                    gate, gate_s = _add_product(
+                        gate, gate_s, x, gate_rows, gate_s_rows, k0, hidden, n_ok, stride_gsk, FORMAT,
+                        SCALE_BK, BLOCK_K, PRECISION, K_TILED, AHEAD,
+                    )  # fmt: skip
+                up, up_s = _add_product(
+                    up, up_s, x, up_rows, up_s_rows, k0, hidden, n_ok, stride_usk, FORMAT, SCALE_BK,
+                    BLOCK_K, PRECISION, K_TILED, AHEAD,
+                )  # fmt: skip
         if ROWS == 1:
             gate, up = row_sums(gate), row_sums(up)  # [1, BLOCK_N]
         # the rows' input norm, applied to the products: RMSNorm(s) @ W.T = r * (s * w) @ W.T
@@ -583,6 +610,8 @@ def expert_down_kernel(
     SCALE_BK: tl.constexpr,
     PDL: tl.constexpr,  # launched with programmatic dependent launch (layers/pdl.py)
 ):
+    # INT4 stacks whose K step lies in one group: each step's scales loaded a step ahead (SCALES AHEAD)
+    AHEAD: tl.constexpr = FORMAT == "int4_group" and ROWS > 1 and SCALE_BK >= BLOCK_K
     pdl_enter(PDL)  # before any read of an earlier kernel's output or any write
     expert, rows, pair, row_ok = _block_rows(
         sorted_pairs_ptr, block_expert_ptr, ids_ptr, stride_ids, pairs, num_routed, TOP_K, SLOTS,
@@ -606,6 +635,10 @@ def expert_down_kernel(
             stride_ssn,
             num_routed,
         )
+        s_rows, scale = _first_scales(
+            s_base, s_rs, offs_n, inter, n_ok, stride_sk, FORMAT, SCALE_BN, SCALE_BK, BLOCK_K, K_TILED,
+            AHEAD,
+        )  # fmt: skip
         if ROWS == 1:  # the groups apart (``row_times_tile``)
             acc = tl.zeros([BLOCK_N, BLOCK_K // GROUP], tl.float32)
         else:
@@ -623,24 +656,10 @@ def expert_down_kernel(
                     mask=row_ok[:, None] & (k < inter)[None, :],
                     other=0.0,
                 )  # [BLOCK_M, BLOCK_K]
-                acc = _add_product(
-                    acc,
-                    a,
-                    w_rows,
-                    s_base,
-                    s_rs,
-                    offs_n,
-                    k0,
-                    inter,
-                    n_ok,
-                    stride_sk,
-                    FORMAT,
-                    SCALE_BN,
-                    SCALE_BK,
-                    BLOCK_K,
-                    PRECISION,
-                    K_TILED,
-                )
+                acc, scale = _add_product(
+                    acc, scale, a, w_rows, s_rows, k0, inter, n_ok, stride_sk, FORMAT, SCALE_BK, BLOCK_K,
+                    PRECISION, K_TILED, AHEAD,
+                )  # fmt: skip
         if ROWS == 1:
             acc = row_sums(acc)  # [1, BLOCK_N]
         token, slot = pair // SLOTS, pair % SLOTS

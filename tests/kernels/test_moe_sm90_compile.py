@@ -172,6 +172,23 @@ for tokens in (1, 2, APART["int4_group"] + 1):  # pairs apart, then the nibbles 
             ok = nibbles and streamed and kwargs["K_TILED"]
         ok = ok and "0 bytes spill stores" in report
         print(f"{kernel.__name__}:int4_group:kimi-k2:{tokens}", ok)
+# Qwen3-30B-A3B's experts in RedHatAI's w4a16 (groups of 128, one a K step of the few-token tiles): each bf16 load
+# in the K loop (a step's scales, 2 bytes a row) is the next step's, carried on (moe_kernels.py SCALES AHEAD)
+def loads_ahead(ttgir):
+    lines = ttgir[ttgir.index("scf.for"):].splitlines()
+    indent = " " * (len(lines[1]) - len(lines[1].lstrip()))
+    end = next(i for i, l in enumerate(lines) if l.startswith(indent + "scf.yield"))
+    loads = [l.split("=")[0].strip() for l in lines[1:end] if "tt.load" in l and "ptr<bf16>" in l]
+    yielded = lines[end].replace(",", " ").split()
+    return bool(loads) and all(v in yielded for v in loads)
+
+for tokens in (APART["int4_group"] + 1, 32):
+    launches = launched(lambda: kimi_k2_int4(tokens, hidden=2048, inter=768, group=128))
+    for kernel in (mk.expert_gate_up_kernel, mk.expert_down_kernel):
+        args, kwargs = launches[kernel.__name__]
+        compiled = compile_as_launched(kernel, args, kwargs)
+        ok = loads_ahead(compiled.asm["ttgir"]) and "0 bytes spill stores" in ptxas_report(compiled)
+        print(f"{kernel.__name__}:int4_group:qwen3-30b-a3b-w4a16:{tokens}", ok)
 for few, block_k, precision in ((True, 256, "ieee"), (False, 64, "ieee"), (False, 64, "tf32x3")):
     build(rk._router_logits_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "scale_ptr": "*bf16",
           "partial_ptr": "*fp32"}, dict(BLOCK_T=16, BLOCK_E=16, BLOCK_K=block_k, INPUT_NORM=False,
@@ -242,6 +259,11 @@ def test_moe_kernels_compile_for_sm90_with_pdl(tmp_path):
     names += [
         f"{kernel}:int4_group:kimi-k2:{tokens}"
         for tokens in (1, 2, apart["int4_group"] + 1)
+        for kernel in ("expert_gate_up_kernel", "expert_down_kernel")
+    ]
+    names += [
+        f"{kernel}:int4_group:qwen3-30b-a3b-w4a16:{tokens}"
+        for tokens in (apart["int4_group"] + 1, 32)
         for kernel in ("expert_gate_up_kernel", "expert_down_kernel")
     ]
     names += [

@@ -82,14 +82,14 @@ def fp8_stacks(experts, hidden, inter, seed, gated=True, dtype=torch.float32):
     return [t.to(DEVICE) for t in (gate_up, gate_up_s.to(dtype), down, down_s.to(dtype))]
 
 
-def int4_stacks(experts, hidden, inter, seed, gated=True):
+def int4_stacks(experts, hidden, inter, seed, gated=True, group=32):
     g = torch.Generator(DEVICE).manual_seed(seed)
     rows = 2 * inter if gated else inter
     gate_up, gate_up_s = quantize_int4_group(
-        torch.randn(experts, rows, hidden, generator=g, device=DEVICE) * 0.2, 32
+        torch.randn(experts, rows, hidden, generator=g, device=DEVICE) * 0.2, group
     )
     down, down_s = quantize_int4_group(
-        torch.randn(experts, hidden, inter, generator=g, device=DEVICE) * 0.2, 32
+        torch.randn(experts, hidden, inter, generator=g, device=DEVICE) * 0.2, group
     )
     return [
         t.to(DEVICE)
@@ -225,6 +225,25 @@ def test_int4_experts_equal_the_dequantized_experts(n, pool):
         ids,
         dequantize_int4_group(gate_up, gate_up_s, 32),
         dequantize_int4_group(down, down_s, 32),
+    )
+    assert relative_error(got, expected) < 1e-6
+
+
+@pytest.mark.parametrize("n", [5, 70])
+def test_int4_experts_of_groups_of_a_k_step_load_each_steps_scales_a_step_ahead(n):
+    """Groups of 128 columns (RedHatAI's w4a16 MoE releases), a K step of the few-token tiles in one group: each
+    step's scales are loaded in the step before (moe_kernels.py SCALES AHEAD), over several steps, 5 tokens in the
+    16-row tiles and 70 in the 64-row blocks."""
+    gate_up, gate_up_s, down, down_s = int4_stacks(6, 384, 256, seed=n, group=128)
+    x = torch.randn(n, 384, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+    weights, ids = routing(n, 6, 2, 6, seed=n)
+    got = int4_group_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, 128)
+    expected = reference(
+        x,
+        weights,
+        ids,
+        dequantize_int4_group(gate_up, gate_up_s, 128),
+        dequantize_int4_group(down, down_s, 128),
     )
     assert relative_error(got, expected) < 1e-6
 
