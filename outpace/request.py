@@ -40,7 +40,8 @@ class RequestMetrics:
 @dataclass
 class Logprob:
     """A token's raw log-probability at a position (layers/logits_processing.py), its rank there (1: the
-    most likely), and its text when a tokenizer decoded it (vLLM's ``Logprob``)."""
+    most likely), and its text alone, ``tokenizer.decode([token_id])`` (vLLM's ``Logprob``): ``LLM.generate`` fills
+    it (engine/llm.py ``_decode_logprobs``); None from the engine itself and without a tokenizer."""
 
     logprob: float
     rank: int

@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from outpace.chat_messages import MessageError, template_messages
 from outpace.config import EngineConfig
 from outpace.engine.engine import LLMEngine
 from outpace.request import CompletionOutput, Request, RequestOutput
@@ -79,10 +80,12 @@ class LLM:
                     if out.finished and out.request_id in mine:
                         results[out.request_id] = out
                         bar.update(1)
-        return [
+        outputs = [
             _best(sp, [results[r.request_id] for r in group])
             for sp, group in zip(params_list, groups)
         ]
+        _decode_logprobs(self.tokenizer, outputs)
+        return outputs
 
     def chat(
         self,
@@ -157,9 +160,8 @@ def _prompt_list(prompts: Any) -> list[Prompt]:
 
 
 def _template_messages(i: int, conversation: Any) -> list[dict]:
-    """Conversation ``i``'s messages as the chat template reads them, as the server passes them
-    (server/protocol.py ``conversation``): a content of OpenAI's text parts joined, None as "", the role
-    ``developer`` as ``system``. Other content (an image part, a number) is refused naming the message."""
+    """Conversation ``i``'s messages as the chat template reads them, prepared as the server prepares them
+    (outpace/chat_messages.py); a message it refuses is named with its conversation."""
     if not (
         _is_sequence(conversation)
         and conversation
@@ -168,26 +170,10 @@ def _template_messages(i: int, conversation: Any) -> list[dict]:
         raise ValueError(
             f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages"
         )
-    out = []
-    for j, message in enumerate(conversation):
-        content = "" if message["content"] is None else message["content"]
-        if _is_sequence(content):
-            for k, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError(
-                        f"conversation {i} message {j} content part {k} ({kind!r}) is not supported: "
-                        "only {'type': 'text', 'text': str} parts"
-                    )
-            content = "".join(part["text"] for part in content)
-        elif not isinstance(content, str):
-            raise ValueError(
-                f"conversation {i} message {j}: content must be a string, a list of text parts or "
-                f"None, not a {type(content).__name__}"
-            )
-        role = "system" if message["role"] == "developer" else message["role"]
-        out.append({**message, "role": role, "content": content})
-    return out
+    try:
+        return template_messages(conversation)
+    except MessageError as e:
+        raise ValueError(f"conversation {i} {e}") from None
 
 
 def _is_sequence(value: Any) -> bool:
@@ -222,16 +208,21 @@ def _children(params: SamplingParams) -> list[SamplingParams]:
 
 
 def _best(params: SamplingParams, outs: list[RequestOutput]) -> RequestOutput:
-    """One prompt's output: its best ``n`` completions (all of them, in order, without best_of)."""
+    """One prompt's output: its best ``n`` completions (all of them, in order, without best_of).
+
+    NOTE: ranking reads the chosen tokens' log-probabilities, which ``_children`` asks for when the params did
+    not; then the user sees neither them nor their sum (vLLM: ``cumulative_logprob`` is None whenever
+    ``logprobs`` was not requested)."""
     if len(outs) > params.n:
         outs = sorted(outs, key=lambda o: o.cumulative_logprob, reverse=True)[: params.n]
+    shown = params.logprobs is not None
     completions = [
         CompletionOutput(
             i,
             o.text,
             o.token_ids,
-            o.cumulative_logprob,
-            o.logprobs if params.logprobs is not None else None,
+            o.cumulative_logprob if shown else None,
+            o.logprobs if shown else None,
             o.finish_reason,
             o.stop_reason,
         )
@@ -244,6 +235,34 @@ def _best(params: SamplingParams, outs: list[RequestOutput]) -> RequestOutput:
         text=first.text,
         token_ids=first.token_ids,
         logprobs=first.logprobs,
+        cumulative_logprob=first.cumulative_logprob,
         spec_metrics=spec,
         outputs=completions,
     )
+
+
+def _decode_logprobs(tokenizer, outputs: list[RequestOutput]) -> None:
+    """Fill ``decoded_token`` of every Logprob the outputs hold (chosen and top tokens, of the output and of the
+    prompt): nothing when no log-probabilities were asked for, or without a tokenizer (vLLM leaves them None
+    then); each distinct id is decoded once, for all of them.
+
+    As vLLM: a token's text is ``tokenizer.decode([token_id])`` alone, with the tokenizer's default
+    ``skip_special_tokens`` (vllm/tokenizers/detokenizer_utils.py ``convert_ids_list_to_tokens``, which
+    vllm/v1/engine/logprobs.py applies to sample and prompt logprobs), not the raw vocabulary piece of
+    ``convert_ids_to_tokens`` (``Ġthe``). vLLM's repair of a lone byte token's U+FFFD from its neighbours
+    (``LogprobsProcessor._verify_tokens``) is not copied: such a token's text is its U+FFFD."""
+    entries = [
+        entry
+        for out in outputs
+        for positions in [out.prompt_logprobs or [], *(c.logprobs or [] for c in out.outputs)]
+        for entry in positions
+        if entry is not None
+    ]
+    if tokenizer is None or not entries:
+        return
+    texts: dict[int, str] = {}
+    for entry in entries:
+        for token_id, logprob in entry.items():
+            if token_id not in texts:
+                texts[token_id] = tokenizer.decode([token_id])
+            logprob.decoded_token = texts[token_id]

@@ -33,7 +33,7 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.host_copies import to_device
-from outpace.layers.logits_processing import Penalties
+from outpace.layers.logits_processing import REPETITION_PENALTY_MAX, Penalties
 from outpace.layers.sampler import SamplingTensors
 from outpace.request import Request
 
@@ -187,7 +187,10 @@ class RequestTable:
             (self.min_p, rows.min_p),
             (self.seeded, rows.seeded),
             (self.seeds, [r.seed for r in reqs]),
-            (self.repetition_penalty, [p.repetition_penalty for p in params]),
+            (
+                self.repetition_penalty,
+                [min(p.repetition_penalty, REPETITION_PENALTY_MAX) for p in params],
+            ),
             (self.frequency_penalty, [p.frequency_penalty for p in params]),
             (self.presence_penalty, [p.presence_penalty for p in params]),
             (self.min_end, [r.num_prompt_tokens + r.params.min_tokens for r in reqs]),

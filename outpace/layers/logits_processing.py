@@ -32,6 +32,11 @@ BITS_PER_WORD = 32  # a grammar bitmask packs 32 tokens per int32 word: bit i of
 
 # the largest logit a repetition penalty leaves: 1e30 / GREEDY_EPS (layers/sampler.py) is finite in float32
 PENALISED_LOGIT_MAX = 1e30
+# NOTE: the largest repetition penalty the request table holds (SamplingParams takes any finite one > 0, as vLLM):
+# a larger one would round to +inf in float32 and a seen logit of 0 would become 0 * inf = NaN. Clamped on the
+# host, it penalises as the true value would up to float32's range: 0 stays 0, positives fall towards 0, negatives
+# towards (or to) -inf.
+REPETITION_PENALTY_MAX = torch.finfo(torch.float32).max
 
 
 def bitmask_words(vocab_size: int) -> int:

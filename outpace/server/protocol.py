@@ -13,7 +13,6 @@ absent, and a few vLLM fields are taken at the one value that asks for nothing m
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -28,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from outpace.chat_messages import MessageError, template_messages
 from outpace.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
 from outpace.validation import ConfigError
 
@@ -372,61 +372,14 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None  # a tool's answer: the call it answers
     reasoning_content: str | None = None  # an assistant's thinking (templates that show it use it)
 
-    def text(self, i: int) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        parts = []
-        for j, part in enumerate(self.content):
-            if part.type != "text":
-                raise bad_request(
-                    f"content part type {part.type!r} is not supported (only 'text')",
-                    f"messages.{i}.content.{j}",
-                    "unsupported_content",
-                )
-            if part.text is None:
-                raise bad_request(
-                    "a content part of type 'text' needs a 'text' string",
-                    f"messages.{i}.content.{j}.text",
-                )
-            parts.append(part.text)
-        return "".join(parts)
-
 
 def conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them (``developer`` is OpenAI's new name for system); an
-    assistant's tool calls carry their arguments as an object, which the templates of Qwen, DeepSeek and Kimi
-    render (vLLM parses them likewise: ``_postprocess_messages`` in vllm/entrypoints/chat_utils.py)."""
-    out = []
-    for i, m in enumerate(messages):
-        message: dict[str, Any] = {
-            "role": "system" if m.role == "developer" else m.role,
-            "content": m.text(i),
-        }
-        for key in ("name", "tool_call_id", "reasoning_content"):
-            if getattr(m, key) is not None:
-                message[key] = getattr(m, key)
-        if m.tool_calls:
-            message["tool_calls"] = [
-                _template_call(c, f"messages.{i}.tool_calls.{j}")
-                for j, c in enumerate(m.tool_calls)
-            ]
-        out.append(message)
-    return out
-
-
-def _template_call(call: MessageToolCall, param: str) -> dict[str, Any]:
+    """Messages as the chat template expects them (outpace/chat_messages.py ``template_messages``, which
+    ``LLM.chat`` shares); a message it refuses is a 400 naming the field."""
     try:
-        arguments = json.loads(call.function.arguments)
-    except json.JSONDecodeError as e:
-        raise bad_request(
-            f"function.arguments is not JSON: {e}", param + ".function.arguments"
-        ) from None
-    if not isinstance(arguments, dict):
-        raise bad_request("function.arguments is not a JSON object", param + ".function.arguments")
-    function = {"name": call.function.name, "arguments": arguments}
-    return {"id": call.id, "type": "function", "function": function}
+        return template_messages([m.model_dump() for m in messages])
+    except MessageError as e:
+        raise bad_request(str(e), f"messages.{e.param}", e.code) from None
 
 
 def tool_dicts(tools: list[Tool] | None) -> list[dict[str, Any]] | None:

@@ -46,11 +46,18 @@ def test_n_completions_per_prompt(llm):
 def test_best_of_keeps_the_most_likely(llm):
     params = SamplingParams(n=2, best_of=4, temperature=1.0, seed=11, max_tokens=10)
     best = llm.generate("import ", params)[0]
-    assert len(best.outputs) == 2 and best.outputs[0].logprobs is None  # not asked for
+    assert len(best.outputs) == 2
+    # not asked for: ranking used them, but the user sees neither them nor their sum (vLLM: None)
+    assert all(c.logprobs is None and c.cumulative_logprob is None for c in best.outputs)
+    assert best.logprobs is None and best.cumulative_logprob is None
     every = llm.generate("import ", params.replace(n=4, best_of=None, logprobs=0))[0]
     ranked = sorted(every.outputs, key=lambda c: c.cumulative_logprob, reverse=True)
     assert [c.token_ids for c in best.outputs] == [c.token_ids for c in ranked[:2]]
-    assert best.outputs[0].cumulative_logprob >= best.outputs[1].cumulative_logprob
+    shown = llm.generate("import ", params.replace(logprobs=0))[0]  # asked for: shown, best first
+    assert [c.cumulative_logprob for c in shown.outputs] == [
+        c.cumulative_logprob for c in ranked[:2]
+    ]
+    assert shown.cumulative_logprob == shown.outputs[0].cumulative_logprob
 
 
 def test_chat_uses_the_chat_template(llm):
