@@ -173,8 +173,9 @@ class ModelConfig:
         return self.num_key_value_heads * self.head_dim
 
     def naming_file(self) -> contextlib.AbstractContextManager[None]:
-        """Where a model is built from this config (models/loader.py ``build_model``): a ``ConfigError`` that its
-        family's checks raise names ``source``, the config.json, as those run while it is parsed do."""
+        """Where a model is built from this config (its class's constructor, models/config_hooks.py
+        ``ConfigHooks``): a ``ConfigError`` that its family's checks raise names ``source``, the config.json, as
+        those run while it is parsed do."""
         return errors_name_file(self.source)
 
     @classmethod

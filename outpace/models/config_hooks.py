@@ -8,6 +8,8 @@ in its own file; model_config.py does not change.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from outpace.validation import ConfigFields
@@ -16,7 +18,9 @@ LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' layer_typ
 
 
 class ConfigHooks:
-    """The defaults: transformers' common fields as they are, every layer full attention."""
+    """The defaults: transformers' common fields as they are, every layer full attention. A model class built from
+    a ``ModelConfig`` (``cls(cfg, ...)``, by models/loader.py ``build_model`` or directly) raises the
+    ``ConfigError`` of its family's checks with the config.json named (``__init_subclass__``)."""
 
     # Whether rope_parameters' partial_rotary_factor below 1 (RoPE on the leading part of each head)
     # is implemented; elsewhere it is refused.
@@ -28,6 +32,13 @@ class ConfigHooks:
     # ModelConfig.query_scaling) is implemented; elsewhere it is refused.
     query_scaling: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # NOTE: each subclass's constructor as resolved (its own, a mixin's before it: models/multimodal.py
+        # TextOfMultimodal), wrapped once
+        super().__init_subclass__(**kwargs)
+        if not getattr(cls.__init__, "names_config_file", False):
+            cls.__init__ = _naming_config_file(cls.__init__)
+
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict[str, Any]:
         """``ModelConfig`` fields this family derives from its config.json (``cfg``, whose typed reads
@@ -38,8 +49,43 @@ class ConfigHooks:
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
         """Each of the ``num_layers`` decoder layers' sliding attention window (None: full attention),
-        as the family's transformers classes compute it; () when every layer is full."""
+        as the family's transformers classes compute it; () when every layer is full. The default, every
+        layer full, refuses a window that the config asks for (``refuse_window``)."""
+        refuse_window(cfg, cls.__name__)
         return ()
+
+
+def _naming_config_file(init: Callable[..., None]) -> Callable[..., None]:
+    """``init(self, cfg, ...)`` whose ``ConfigError`` names ``cfg``'s config.json (``ModelConfig.naming_file``)."""
+
+    @functools.wraps(init)
+    def init_naming_file(self, cfg, *args, **kwargs) -> None:
+        with cfg.naming_file():
+            init(self, cfg, *args, **kwargs)
+
+    init_naming_file.names_config_file = True
+    return init_naming_file
+
+
+def refuse_window(cfg: ConfigFields, family: str) -> None:
+    """Refuse a ``sliding_window`` on a family whose attention has none (``family`` names it). The config classes of
+    such families keep the field as an unknown extra (transformers' LlamaConfig, DeepseekV2Config, DeepseekV3Config,
+    Qwen3NextConfig) or declare it (NemotronHConfig), and their models ignore it, yet transformers'
+    masking_utils.create_masks_for_generate slides every layer by it, and so does vLLM (config/model.py
+    get_hf_config_sliding_window gives it to attention/layer.py Attention as the model-level window): what such a
+    checkpoint means is unknown. A null window, or one switched off by ``use_sliding_window: false`` (vLLM's rule
+    there), is none: SpecForge's EAGLE3 draft configs (sgl-project/SpecForge configs/qwen2.5-7b-eagle3.json,
+    gemma3-1b-eagle3.json), read as Llama's, carry sliding_window 131072 or 512 beside it."""
+    if not cfg.boolean("use_sliding_window", True):
+        return
+    window = cfg.optional_integer("sliding_window", None)
+    if window is not None:
+        raise cfg.fail(
+            "sliding_window",
+            window,
+            f"null or absent, or use_sliding_window false (sliding-window attention is not "
+            f"implemented for {family})",
+        )
 
 
 def windows_of_layer_types(

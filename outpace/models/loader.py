@@ -64,7 +64,7 @@ def build_model(
             f"architecture {cfg.architecture} cannot be sharded over tensor_parallel_size="
             f"{group.size} ranks yet: its model class does not declare shards_over_ranks"
         )
-    with default_dtype(dtype), torch.device(device), cfg.naming_file():
+    with default_dtype(dtype), torch.device(device):
         return cls(cfg, mtp_own_heads=mtp_own_heads)
 
 

@@ -103,7 +103,6 @@ DEFAULTS = dict(
     norm_topk_prob=True,
     routed_scaling_factor=1.0,
     moe_latent_size=None,
-    sliding_window=None,
     mamba_ssm_cache_dtype="float32",
 )
 
@@ -148,13 +147,6 @@ def _refuse_unimplemented(raw: dict, types: tuple[str, ...]) -> None:
         types,
         set(types) <= set(PATTERN.values()),
         f"entries of {', '.join(PATTERN.values())}",
-    )
-    require(
-        o,
-        "sliding_window",
-        raw["sliding_window"],
-        raw["sliding_window"] is None,
-        "None (not implemented)",
     )
     latent = raw["moe_latent_size"]
     require(

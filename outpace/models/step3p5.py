@@ -473,6 +473,12 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
             own["rope_theta"] = float(theta[0])
         return own
 
+    @classmethod
+    def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
+        # its windows are its layer specs' (step3p5_config.py _layer_spec: layer_types over the MTP layers too,
+        # which ModelConfig.layer_windows does not cover), not the hook's
+        return ()
+
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:
         """``mtp_own_heads`` (the loader's DeepSeek-V3 layout test) is False for Step-3.5 checkpoints, whose MTP
         heads sit under ``transformer.shared_head``."""

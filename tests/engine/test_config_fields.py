@@ -41,9 +41,12 @@ N = 32  # layers of every config walked
 # field -> (another value, or a function of the architecture giving one; other changes that let the
 # field matter): from_dict must then differ.
 IMPLEMENTED = {
-    # (Ministral 3's default rope_parameters carry llama_4_scaling_beta, which only the Mistral classes read)
+    # (Ministral 3's default rope_parameters carry llama_4_scaling_beta, which only the Mistral classes read;
+    # MistralConfig's default sliding_window, 4096, which Llama's refuses)
     "architectures": (
-        lambda arch: ["MistralForCausalLM" if arch != "MistralForCausalLM" else "LlamaForCausalLM"],
+        lambda arch: [
+            "MistralForCausalLM" if arch != "MistralForCausalLM" else "MinistralForCausalLM"
+        ],
         {},
     ),
     "vocab_size": (100, {}),

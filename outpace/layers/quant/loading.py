@@ -87,6 +87,7 @@ def quantize_modules(
     )  # (per-tensor FP8: its scales' names, as stored)
     fmt = FORMATS[scheme.method](scheme)
     to_ckpt = getattr(model, "checkpoint_name", lambda n: n)
+    _refuse_unmatched_excludes(model, scheme, tensors, to_ckpt)
     replaced: dict[int, QuantizedLinear] = {}
     quantized_prefixes: set[str] = set()
     from outpace.layers.moe import StackedWeight  # (layers/moe.py imports this package)
@@ -138,6 +139,33 @@ def quantize_modules(
     unread = {n: t for n, t in tensors.items() if not skipped(n)}
     _refuse_unclaimed(unread, quantized_prefixes | held_elsewhere(model, to_ckpt), scheme)
     return len(replaced)
+
+
+def _refuse_unmatched_excludes(
+    model: nn.Module, scheme: QuantScheme, tensors: dict[str, Stored], to_ckpt: Callable[[str], str]
+) -> None:
+    """Refuse module names of the config's list of unquantized modules that name no module (a misspelt name,
+    another model's), naming the file, the field and the names. The modules: the model's, by its names and by the
+    checkpoint's (a tied head too, which the checkpoint does not store), and every one the checkpoint stores
+    tensors under (the vision towers and MTP layers outpace skips too); the match, ``QuantScheme.unmatched_excludes``.
+    vLLM (compressed_tensors.py should_ignore_layer, fp8.py is_layer_skipped) and compressed-tensors
+    (utils/match.py match_named_modules, since its pull 431; before, lifecycle/apply.py warned) let such a name
+    pass."""
+    if not scheme.exclude:
+        return
+    modules: set[str] = set()
+    for name, _ in model.named_modules():
+        if name:
+            modules |= {name, to_ckpt(f"{name}.weight").removesuffix(".weight")}
+    for tensor in tensors:
+        parts = tensor.split(".")
+        modules.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    unmatched = scheme.unmatched_excludes(modules)
+    if unmatched:
+        raise ConfigError(
+            f"{scheme.exclude_field} lists {list(unmatched)}, which name no module of the model nor of its "
+            "checkpoint's tensors"
+        )
 
 
 def _input_scale_as_stored(layer: QuantizedLinear, prefix: str, tensors: dict[str, Stored]) -> None:

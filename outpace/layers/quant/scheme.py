@@ -88,6 +88,37 @@ class QuantScheme:
         """Whether the config's list keeps ``module`` (its checkpoint name) unquantized."""
         return any(_matches(module, entry, self.exclude_match) for entry in self.exclude)
 
+    def unmatched_excludes(self, modules: set[str]) -> tuple[str, ...]:
+        """The module names of the config's list that name none of ``modules`` (dotted names, their ancestors
+        included): a name and a module match where one ends with the other at a dot, since a list names modules
+        as the quantizer's model class wrapped them (``model.`` or not, ``model.language_model.``), not always as
+        the checkpoint or outpace does. Patterns are not checked (``_is_pattern``)."""
+        suffixes = {tail for module in modules for tail in _dotted_tails(module)}
+        return tuple(
+            entry
+            for entry in self.exclude
+            if not _is_pattern(entry, self.exclude_match)
+            and entry not in suffixes
+            and not any(tail in modules for tail in _dotted_tails(entry))
+        )
+
+
+def _dotted_tails(name: str) -> list[str]:
+    """``a.b.c`` -> ``a.b.c``, ``b.c``, ``c``."""
+    parts = name.split(".")
+    return [".".join(parts[i:]) for i in range(len(parts))]
+
+
+def _is_pattern(entry: str, style: str) -> bool:
+    """Whether a list entry is a pattern rather than a module's name: compressed-tensors' ``re:`` expressions and
+    class names (utils/match.py ``match_name``, ``_match_class``: a dotless CamelCase entry), ModelOpt's fnmatch
+    wildcards. A pattern may match nothing on purpose: published lists carry one for each of several layouts
+    (llm-compressor examples/quantization_w8a8_fp8/qwen3_5_moe.py ignores both ``re:visual.*`` and
+    ``re:model.visual.*``, and MoE routers' ``re:.*mlp.gate$`` travels to dense models' recipes)."""
+    if style == "regex":
+        return entry.startswith("re:") or ("." not in entry and entry[:1].isupper())
+    return style == "wildcard" and any(c in entry for c in "*?[")
+
 
 def _matches(module: str, entry: str, style: str) -> bool:
     if style == "regex":  # compressed-tensors match_name: "re:" -> re.match, else the exact name
