@@ -10,10 +10,11 @@ one GPU: the grouped experts' gate/up and down kernels (layers/moe_kernels.py ``
 Every setting's output is checked against the shipped setting's first (the same dequantized values; K steps of
 another width sum in another order).
 
+With ``--a3b``: the shipped tiles alone over Qwen3-30B-A3B's experts in groups of 128 (RedHatAI's w4a16).
 With ``--one-row``: one token's experts and one row's products on the CUDA cores (ONE-ROW) against the 16-row
 tiles, for the one-row settings ``ONE_ROW_TILES``.
 
-    PYTHONPATH=. python3 benchmarks/scripts/int4_tiles.py OUT.json [--tokens N ...] [--one-row]"""
+    PYTHONPATH=. python3 benchmarks/scripts/int4_tiles.py OUT.json [--tokens N ...] [--one-row | --a3b]"""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def checked_us(call, reference: torch.Tensor | None) -> tuple[torch.Tensor, floa
     return out, err, captured_call_us(call)
 
 
-def experts_sweep(tokens_list: list[int]) -> list[dict]:
+def experts_sweep(tokens_list: list[int], candidates: bool = True) -> list[dict]:
     gen = torch.Generator().manual_seed(0)
     stacks = expert_stacks(gen)
     per_expert = sum(t.nbytes for t in stacks) // STACKED
@@ -99,11 +100,11 @@ def experts_sweep(tokens_list: list[int]) -> list[dict]:
         x = (torch.randn(tokens, HIDDEN, generator=gen) * 0.1).to(torch.bfloat16).cuda()
         reference = None
         # the shipped pair, then each candidate for the gate/up kernel (the shipped down), then for the down
-        settings = (
-            [shipped]
-            + [(c, shipped[1]) for c in EXPERT_TILES]
-            + [(shipped[0], c) for c in EXPERT_TILES]
-        )
+        settings = [shipped]
+        if candidates:
+            settings += [(c, shipped[1]) for c in EXPERT_TILES] + [
+                (shipped[0], c) for c in EXPERT_TILES
+            ]
         for setting in settings:
             mk.int4_few_token_gate_up, mk.int4_few_token_down = setting
             try:
@@ -231,10 +232,21 @@ def main() -> None:
     ap.add_argument(
         "--one-row", action="store_true", help="only the one-row settings against the 16-row tiles"
     )
+    ap.add_argument(
+        "--a3b",
+        action="store_true",
+        help="the shipped tiles alone over Qwen3-30B-A3B's experts in RedHatAI's w4a16 layout (groups of 128, "
+        "a K step in one group: moe_kernels.py SCALES AHEAD), no dense products",
+    )
     args = ap.parse_args()
     start = time.time()
     result = {"device": torch.cuda.get_device_name()}
-    if args.one_row:
+    if args.a3b:
+        # huggingface.co/Qwen/Qwen3-30B-A3B config.json: hidden 2048, moe_intermediate_size 768, 128 experts, top 8
+        global GROUP, HIDDEN, INTER, STACKED
+        GROUP, HIDDEN, INTER, STACKED = 128, 2048, 768, 128
+        result["experts"] = experts_sweep(args.tokens, candidates=False)
+    elif args.one_row:
         result["one_row"] = one_row_sweep()
     else:
         result["experts"] = experts_sweep(args.tokens)
