@@ -198,6 +198,8 @@ class EngineConfig:
     cpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
     num_state_checkpoints: int | None = None
+    # The running batch's limit; one whose per-sequence rows (block tables, a hybrid's recurrent state) cannot fit in
+    # memory is refused at start-up, naming the numbers (engine/memory.py ``refuse_too_many_seqs``).
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
@@ -206,6 +208,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     # The batch sizes captured (vLLM's --cuda-graph-sizes, SGLang's --cuda-graph-bs); None: 1, 2, 4, 8, 16, 32,
     # 48, 64, 96, 128, 192, 256 below max_num_seqs, and max_num_seqs. A batch above the largest runs eagerly.
+    # Refused with cuda_graphs False (nothing is captured).
     cuda_graph_sizes: tuple[int, ...] | None = None
     # Captured decode steps (any drafter, any sampling) launch the next step before the host has read
     # the current step's tokens (its inputs are the slot state on the device), so the host's
@@ -290,6 +293,28 @@ class EngineConfig:
                     f"num_kv_blocks)"
                 )
 
+    def _check_cuda_graph_sizes(self) -> None:
+        """The sizes given are batch sizes in [1, max_num_seqs], kept sorted and unique; refused with
+        ``cuda_graphs`` off (--enforce-eager), where no step is captured, never unused. (On the CPU they
+        size the eagerly replayed steps of ``LLMEngine.capture_graphs``, which tests and benches call.)"""
+        sizes = self.cuda_graph_sizes
+        require(
+            "EngineConfig",
+            "cuda_graph_sizes",
+            sizes,
+            isinstance(sizes, (tuple, list))
+            and len(sizes) > 0
+            and all(is_int(n) and 0 < n <= self.max_num_seqs for n in sizes),
+            f"None or batch sizes in [1, max_num_seqs={self.max_num_seqs}]",
+        )
+        if not self.cuda_graphs:
+            raise ConfigError(
+                f"EngineConfig.cuda_graph_sizes={tuple(sizes)!r} does not apply with "
+                f"EngineConfig.cuda_graphs=False (--enforce-eager): no step is captured; leave "
+                f"cuda_graph_sizes out or turn CUDA graphs on"
+            )
+        object.__setattr__(self, "cuda_graph_sizes", tuple(sorted(set(sizes))))
+
     def __post_init__(self) -> None:
         o = "EngineConfig"
         require(
@@ -359,20 +384,7 @@ class EngineConfig:
             "None (the model's) or an integer >= 2: a prompt token and one to generate",
         )
         if self.cuda_graph_sizes is not None:
-            sizes = self.cuda_graph_sizes
-            require(
-                o,
-                "cuda_graph_sizes",
-                sizes,
-                isinstance(sizes, (tuple, list))
-                and len(sizes) > 0
-                and all(
-                    isinstance(n, int) and not isinstance(n, bool) and 0 < n <= self.max_num_seqs
-                    for n in sizes
-                ),
-                f"None or batch sizes in [1, max_num_seqs={self.max_num_seqs}]",
-            )
-            object.__setattr__(self, "cuda_graph_sizes", tuple(sorted(set(sizes))))
+            self._check_cuda_graph_sizes()
         require(
             o,
             "attention_backend",

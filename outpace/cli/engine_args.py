@@ -79,13 +79,14 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument(
         "--cuda-graph-sizes",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=None,
         metavar="N",
         help="the batch sizes whose decode step is captured (default: 1, 2, 4, 8, 16, 32, 48, 64, "
         "96, 128, 192, 256 below max_num_seqs, the running batch's limit, and max_num_seqs: 64, or "
-        "serve's flag of that name); larger batches run eagerly",
+        "serve's flag of that name); larger batches run eagerly (a GPU only: refused on the CPU and "
+        "with --enforce-eager)",
     )
     p.add_argument(
         "--no-run-ahead",
@@ -169,6 +170,24 @@ def check_model_dir(path: str) -> None:
         sys.exit(f"error: {path} is not a model directory (no config.json)")
 
 
+def graph_sizes(a: argparse.Namespace) -> list[int] | None:
+    """--cuda-graph-sizes, refused where the device (--device; auto resolved) is the CPU: CUDA graphs are
+    captured on a GPU only (with --enforce-eager EngineConfig refuses them)."""
+    if a.cuda_graph_sizes is None:
+        return None
+    from outpace.config import default_device
+
+    device = default_device() if a.device == "auto" else a.device
+    if device == "cpu":
+        sizes = " ".join(map(str, a.cuda_graph_sizes))
+        where = " (the CPU here: torch sees no GPU)" if a.device == "auto" else ""
+        raise ValueError(
+            f"--cuda-graph-sizes {sizes} does not apply with --device {a.device}{where}: CUDA "
+            "graphs are captured on a GPU only; leave --cuda-graph-sizes out"
+        )
+    return a.cuda_graph_sizes
+
+
 def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     """The engine's keyword arguments (LLM, EngineConfig) that the flags of ``add_engine_args`` give."""
     kwargs = dict(
@@ -184,7 +203,7 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
         max_num_batched_tokens=a.max_num_batched_tokens,
         attention_backend=a.attention_backend,
         cuda_graphs=not a.enforce_eager,
-        cuda_graph_sizes=a.cuda_graph_sizes,
+        cuda_graph_sizes=graph_sizes(a),
         run_ahead=not a.no_run_ahead,
         batch_invariant=a.batch_invariant,
         tensor_parallel_size=a.tensor_parallel_size,

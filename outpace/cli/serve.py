@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 
@@ -52,9 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument(
         "--log-interval",
-        type=float,
+        type=positive_seconds,
         default=10.0,
-        help="seconds between throughput/tau log lines",
+        help="seconds between throughput/tau log lines (a finite number > 0)",
     )
     s.add_argument(
         "--drain-timeout",
@@ -107,6 +108,17 @@ def tcp_port(text: str) -> int:
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1 to 65535)")
     return port
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (inf or nan would never log), else the flag's
+    usage error."""
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"{text} is invalid: must be a finite number of seconds > 0"
+        )
+    return value
 
 
 def check_can_listen(host: str, port: int) -> None:

@@ -43,6 +43,7 @@ from outpace.engine.start_up import (
     load_tokenizer,
     provisional_pool,
     report,
+    request_rows,
     set_up_prefix_cache,
     size_kv_pool,
 )
@@ -149,9 +150,7 @@ class LLMEngine:
         # NOTE: with speculation the lookahead + 1 rows after a request's last token are kept for its drafts,
         # also past the end of the context (rotary tables cover POSITIONS_PAST_CONTEXT more positions).
         reserved = lookahead + 1 if spec.enabled else 0
-        rows = max_pos + reserved
-        if not config.kv_blocks_from_memory:  # (a fixed pool: no request reaches past it)
-            rows = min(rows, self.pool.num_blocks * config.block_size)
+        rows = request_rows(config, max_pos, reserved)
         self.choosers = build_choosers(shapes, self.ranks.group)
         self.eos_token_ids = eos_token_ids(self.model_config, self.tokenizer, config.model)
         self.grammars = GrammarTable(

@@ -16,10 +16,14 @@ and gives the rest of the budget (``EngineConfig.memory_utilization``: ``gpu_mem
 each costing the target's and the drafter's rows for ``block_size`` tokens. The pool never takes
 more blocks than ``max_num_seqs`` requests of the longest context fill.
 With tensor parallelism every rank takes the smallest count any rank found (their schedules must agree).
+
+Before any of this, ``refuse_too_many_seqs`` refuses a ``max_num_seqs`` whose per-sequence rows, allocated at
+start-up whether requests come or not, cannot fit in memory.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 from dataclasses import dataclass
@@ -28,12 +32,92 @@ import torch
 
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bound_dtypes, kv_cache_bytes, rebind_kv_caches
+from outpace.config import EngineConfig
 from outpace.distributed.group import RankGroup
 from outpace.engine.warm_up import scratch_prefill
 from outpace.layers.quant.loading import quantized_bytes
+from outpace.layers.recurrent import RecurrentStateLayer
 from outpace.validation import ConfigError
 
 GiB = 1 << 30
+# A sequence row's fixed fields on the device (engine/request_table.py: five int64 and six float32 fields and a
+# bool; the decode step's int64 batch index), and on the host its entries in the request table's Python lists of
+# rows (a pointer each, and an int object in the list of free rows)
+ROW_FIELDS_BYTES = 5 * 8 + 6 * 4 + 1 + 8
+ROW_LIST_BYTES = 2 * 8 + 32
+
+
+@dataclass(frozen=True)
+class SequenceRows:
+    """What the engine allocates at start-up for each of ``max_num_seqs`` sequences and one padding row, before
+    any request comes: a block-table row of ``table_blocks`` int64 entries, kept on the host and on the device
+    (engine/request_table.py), its fixed fields, and ``state_bytes`` of recurrent state with its verify
+    snapshots on the device (hybrid targets: cache/recurrent_states.py). A bound from below: the drafter's
+    rows (speculative/drafters/) and a hybrid's state checkpoints come on top."""
+
+    table_blocks: int
+    state_bytes: int = 0
+
+    @property
+    def device_bytes(self) -> int:
+        return self.table_blocks * 8 + ROW_FIELDS_BYTES + self.state_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        return self.table_blocks * 8 + ROW_LIST_BYTES
+
+    def describe(self) -> str:
+        state = f" and {_size(self.state_bytes)} of recurrent state" if self.state_bytes else ""
+        return f"a block-table row of {self.table_blocks} blocks{state}"
+
+
+def _size(num_bytes: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes} B"
+
+
+def recurrent_state_bytes(stack: torch.nn.Module, verify_rows: int, dtype: torch.dtype) -> int:
+    """One request's recurrent state and its ``verify_rows`` snapshot rows in the decoder stack ``stack``, as
+    cache/recurrent_states.py ``RecurrentStates`` allocates them (a state declared without a dtype in ``dtype``);
+    0 without recurrent layers."""
+    state = sum(
+        math.prod(shape) * (declared or dtype).itemsize
+        for layer in stack.modules()
+        if isinstance(layer, RecurrentStateLayer)
+        for shape, declared in layer.state_shapes().values()
+    )
+    return state * (1 + verify_rows)
+
+
+def _row_limits(config: EngineConfig, rows: SequenceRows) -> list[tuple[int, int, str]]:
+    """(a sequence's bytes, the memory they must fit in, what that memory is) per kind of memory: on CUDA the
+    device's share the engine may use and the RAM available; on the CPU the RAM available for both."""
+    ram, where = _available_ram(), "the RAM available"
+    if not config.device.startswith("cuda"):
+        return [(rows.device_bytes + rows.host_bytes, ram, where)]
+    total = torch.cuda.mem_get_info(torch.device(config.device))[1]
+    share = config.memory_utilization
+    gpu = f"the GPU's {total / GiB:.1f} GiB"
+    if share is not None:
+        gpu = f"{config.memory_utilization_field}={share:g} of {gpu}"
+    return [(rows.device_bytes, int(total * (share or 1.0)), gpu), (rows.host_bytes, ram, where)]
+
+
+def refuse_too_many_seqs(config: EngineConfig, rows: SequenceRows) -> None:
+    """Refuse, naming the numbers, a ``max_num_seqs`` whose sequences' ``rows`` (and the padding row's) cannot
+    fit in memory, before any is allocated (else the allocator fails deep in start-up, or the OOM killer ends the
+    process). Only what cannot fit even in otherwise empty memory is refused: no size that can serve."""
+    n = config.max_num_seqs + 1
+    for per_row, budget, where in _row_limits(config, rows):
+        if n * per_row > budget:
+            raise ConfigError(
+                f"EngineConfig.max_num_seqs={config.max_num_seqs} is invalid: the engine allocates "
+                f"{rows.describe()} for each sequence at start-up, {_size(per_row)} a sequence, "
+                f"{_size(n * per_row)} for {n} rows (one for padding), more than {where} "
+                f"({_size(budget)}): at most {max(budget // per_row - 1, 0)} sequences fit"
+            )
 
 
 @dataclass(frozen=True)

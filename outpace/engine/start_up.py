@@ -29,8 +29,11 @@ from outpace.distributed.lockstep import DriverChoice
 from outpace.engine.cuda_graphs import batch_buckets
 from outpace.engine.memory import (
     MemoryPlan,
+    SequenceRows,
     agree_across_ranks,
     plan_kv_pool,
+    recurrent_state_bytes,
+    refuse_too_many_seqs,
     refuse_too_small,
     resize_kv_pool,
     weights_summary,
@@ -41,7 +44,7 @@ from outpace.engine.step_key import SamplingMode
 from outpace.layers.moe import RoutedExperts, experts_off_the_kernels
 from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
 from outpace.model_config import ModelConfig, eos_token_ids_of
-from outpace.models.loader import load_model
+from outpace.models.loader import build_model, load_model
 from outpace.registry import proposer_class
 from outpace.speculative.adaptive import PROBE_BUDGET, DraftLengthChooser
 from outpace.speculative.proposer import DraftShape, Proposer, draft_shapes
@@ -71,9 +74,12 @@ def report(message: str, progress: bool) -> None:
 
 def check_before_loading(config: EngineConfig, model_config: ModelConfig) -> None:
     """Refuse what the configuration alone shows to be wrong, and a damaged draft checkpoint, before the
-    target (minutes to load at real size) loads."""
+    target (minutes to load at real size) loads: also a ``max_num_seqs`` whose block-table rows cannot fit
+    in memory, and expert parallelism for a model its family builds without routed experts."""
     max_pos = model_config.max_position_embeddings
     spec = config.speculative
+    refuse_too_many_seqs(config, SequenceRows(table_blocks(config, max_pos)))
+    refuse_expert_parallel_without_experts(config, model_config)
     if spec.enabled and proposer_class(spec.method).takes_draft_checkpoint and not spec.draft:
         raise ConfigError(
             f"SpeculativeConfig.draft={spec.draft!r} is invalid: method {spec.method!r} drafts "
@@ -151,13 +157,22 @@ def refuse_experts_off_the_kernels(model: torch.nn.Module) -> None:
         )
 
 
-def refuse_expert_parallel_without_experts(config: EngineConfig, model: torch.nn.Module) -> None:
+def builds_routed_experts(model_config: ModelConfig) -> bool:
+    """Whether the target's family builds routed experts for this config, decided before any weight is read:
+    the model built on the meta device (no memory; seconds for DeepSeek-V3's 671B), as models/loader.py
+    ``load_part`` builds what it does not load. The family's own constructor decides, so no family's rule
+    (DeepSeek's first_k_dense_replace and moe_layer_freq, the Qwen mixtures' mlp_only_layers, Nemotron-H's
+    layer types, Step-3.5's moe_layers_enum, Gemma 4's enable_moe_block, ...) is restated here."""
+    model = build_model(model_config, torch.float32, "meta")
+    return any(isinstance(m, RoutedExperts) for m in model.modules())
+
+
+def refuse_expert_parallel_without_experts(config: EngineConfig, model_config: ModelConfig) -> None:
     """Expert parallelism places routed experts over its ranks: a model with none (a dense one)
-    would have each rank run the whole model for nothing. Every rank builds the same model and so
-    refuses it alike, leaving no rank waiting for another in a collective."""
-    if config.expert_parallel_size > 1 and not any(
-        isinstance(m, RoutedExperts) for m in model.modules()
-    ):
+    would have each rank run the whole model for nothing. Refused before the weights load
+    (``builds_routed_experts``); every rank decides alike, leaving no rank waiting for another in a
+    collective."""
+    if config.expert_parallel_size > 1 and not builds_routed_experts(model_config):
         raise ConfigError(
             f"EngineConfig.expert_parallel_size={config.expert_parallel_size} is invalid: the "
             f"model in {config.model} has no routed experts (a dense model) to place over its "
@@ -165,16 +180,41 @@ def refuse_expert_parallel_without_experts(config: EngineConfig, model: torch.nn
         )
 
 
+def request_rows(config: EngineConfig, max_pos: int, reserved: int) -> int:
+    """The KV rows a request's block-table row covers: the model's context and the ``reserved`` rows past it
+    that its drafts keep, within a fixed pool's rows (no request reaches past them)."""
+    rows = max_pos + reserved
+    if not config.kv_blocks_from_memory:
+        rows = min(rows, (config.num_kv_blocks or CPU_KV_BLOCKS) * config.block_size)
+    return rows
+
+
+def table_blocks(config: EngineConfig, max_pos: int) -> int:
+    """The entries of a request's block-table row, the rows its drafts reserve left out (not known before the
+    drafter is built): a bound from below."""
+    return -(-request_rows(config, max_pos, 0) // config.block_size)
+
+
+def refuse_too_many_states(
+    config: EngineConfig, model: torch.nn.Module, max_pos: int, dtype: torch.dtype
+) -> None:
+    """A hybrid target's ``refuse_too_many_seqs``, its sequences' recurrent state counted (with a snapshot
+    for each node the largest draft shape verifies), before the drafter or the state rows are allocated."""
+    shapes = draft_shapes(config.speculative) if config.speculative.enabled else (DraftShape(0),)
+    state = recurrent_state_bytes(model.model, shapes[-1].num_nodes, dtype)
+    if state:
+        refuse_too_many_seqs(config, SequenceRows(table_blocks(config, max_pos), state))
+
+
 def load_target(
     config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype, progress: bool
 ) -> torch.nn.Module:
-    """The target model, its weights reported; refused when it has no experts for expert
-    parallelism, or when CUDA graphs could not hold its experts; on the CPU, the thread count set
-    for its size."""
+    """The target model, its weights reported; refused when its sequences' recurrent state cannot fit,
+    or when CUDA graphs could not hold its experts; on the CPU, the thread count set for its size."""
     model = load_model(
         config.model, dtype, config.device, progress=progress, load_format=config.load_format
     )
-    refuse_expert_parallel_without_experts(config, model)
+    refuse_too_many_states(config, model, model_config.max_position_embeddings, dtype)
     report(weights_summary(model, model_config.quantization), progress)
     if config.device.startswith("cuda") and config.cuda_graphs:
         refuse_experts_off_the_kernels(model)
