@@ -5,7 +5,7 @@
 #      `bench families --quantized w4a16` on Llama-3.1-8B (gpu_2026-12-07f call 1's figures before); the grouped
 #      experts at Qwen3-30B-A3B's shape in groups of 128 (int4_tiles.py --a3b) and int4_library_probe.py on
 #      Llama-8B's gate_up and down, each for this package and the one before (.snap_before: git archive 20271c4~1
-#      outpace); GemLite's wheel carried in .whl_gl.
+#      outpace); GemLite's wheel carried in .whl_gl. END=S ends the probes by S seconds (585).
 set -u
 export PYTHONUNBUFFERED=1 OUTPACE_ZOO=$PWD/zoo PYTHONPATH=.
 mkdir -p $OUT
@@ -34,6 +34,6 @@ int4)
   clean $OUT/w4a16.log
   grep -E "^llama|rc=" $OUT/w4a16.log
   both a3b_experts $(( SECONDS + 120 )) benchmarks/scripts/int4_tiles.py --a3b --tokens 1 8 32
-  both probe 585 benchmarks/scripts/int4_library_probe.py --shapes "llama-8b gate_up" "llama-8b down"
+  both probe ${END:-585} benchmarks/scripts/int4_library_probe.py --shapes "llama-8b gate_up" "llama-8b down"
   ;;
 esac
