@@ -210,40 +210,31 @@ def test_block_fp8_clamped_and_ungated_experts_with_bf16_scales():
     assert relative_error(got, reference(x, weights, ids, *deq, gated=False)) < 1e-6
 
 
-@pytest.mark.parametrize("n, pool", [(1, 8), (3, 4), (70, 8)])
-def test_int4_experts_equal_the_dequantized_experts(n, pool):
-    """One token reads one row a block on the CUDA cores (moe_kernels.py ONE-ROW), three the 16-row tiles, 70
-    the 64-row blocks."""
-    gate_up, gate_up_s, down, down_s = int4_stacks(8, 96, 64, seed=n)
-    x = torch.randn(n, 96, generator=torch.Generator().manual_seed(n)).to(DEVICE)
+@pytest.mark.parametrize(
+    "n, pool, hidden, inter, group",
+    [
+        (1, 8, 96, 64, 32),
+        (3, 4, 96, 64, 32),
+        (70, 8, 96, 64, 32),
+        (5, 6, 384, 256, 128),
+        (70, 6, 384, 256, 128),
+    ],
+)
+def test_int4_experts_equal_the_dequantized_experts(n, pool, hidden, inter, group):
+    """One token reads one row a block on the CUDA cores (moe_kernels.py ONE-ROW), three each pair apart (PAIRS
+    APART), 5 the 16-row tiles, 70 the 64-row blocks. In groups of 128 columns (RedHatAI's w4a16 MoE releases) a
+    K step of the tiles lies in one group, and each step's scales are loaded in the step before (SCALES AHEAD)."""
+    gate_up, gate_up_s, down, down_s = int4_stacks(8, hidden, inter, seed=n, group=group)
+    x = torch.randn(n, hidden, generator=torch.Generator().manual_seed(n)).to(DEVICE)
     weights, ids = routing(n, 8, 3, pool, seed=n)
-    got = int4_group_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, 32)
-    assert got.shape == (n, 96)
+    got = int4_group_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, group)
+    assert got.shape == (n, hidden)
     expected = reference(
         x,
         weights,
         ids,
-        dequantize_int4_group(gate_up, gate_up_s, 32),
-        dequantize_int4_group(down, down_s, 32),
-    )
-    assert relative_error(got, expected) < 1e-6
-
-
-@pytest.mark.parametrize("n", [5, 70])
-def test_int4_experts_of_groups_of_a_k_step_load_each_steps_scales_a_step_ahead(n):
-    """Groups of 128 columns (RedHatAI's w4a16 MoE releases), a K step of the few-token tiles in one group: each
-    step's scales are loaded in the step before (moe_kernels.py SCALES AHEAD), over several steps, 5 tokens in the
-    16-row tiles and 70 in the 64-row blocks."""
-    gate_up, gate_up_s, down, down_s = int4_stacks(6, 384, 256, seed=n, group=128)
-    x = torch.randn(n, 384, generator=torch.Generator().manual_seed(n)).to(DEVICE)
-    weights, ids = routing(n, 6, 2, 6, seed=n)
-    got = int4_group_grouped_experts(x, weights, ids, gate_up, gate_up_s, down, down_s, 128)
-    expected = reference(
-        x,
-        weights,
-        ids,
-        dequantize_int4_group(gate_up, gate_up_s, 128),
-        dequantize_int4_group(down, down_s, 128),
+        dequantize_int4_group(gate_up, gate_up_s, group),
+        dequantize_int4_group(down, down_s, group),
     )
     assert relative_error(got, expected) < 1e-6
 
