@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from outpace.checkpoint import checkpoint_files, load_checkpoint, open_shard
+from outpace.checkpoint import load_checkpoint
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
     norm_head_logits,
@@ -45,11 +45,18 @@ from outpace.layers.fused_decoder import (
 )
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.model_config import ModelConfig
-from outpace.models.drafts.eagle3 import DraftMismatchError
+from outpace.model_config import ModelConfig, errors_name_file
+from outpace.models.drafts.eagle3 import DraftMismatchError, refuse_quantized, tensor_shapes
 from outpace.models.llama import build_rotary
 from outpace.models.loader import default_dtype
-from outpace.validation import ConfigError, is_int, read_json_object
+from outpace.validation import (
+    MAX_CONFIG_SIZE,
+    ConfigError,
+    ConfigFields,
+    is_int,
+    is_int64,
+    read_json_object,
+)
 
 
 @dataclass(frozen=True)
@@ -62,48 +69,44 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> DFlashConfig:
-        dflash = cfg.get("dflash_config") or {}
+        """``cfg``: the config.json object; every ``ConfigError`` names ``source`` (its path) and the field."""
+        with errors_name_file(source):
+            return cls._from_dict(cfg, source)
 
-        def field(name: str):
-            value = dflash.get(name, cfg.get(name))
-            if value is None:
-                raise ConfigError(
-                    f"DFlash config has no {name} (looked in dflash_config and at the top level): "
-                    f"not a DFlash draft checkpoint?"
-                )
-            if name in dflash and cfg.get(name) is not None and cfg[name] != dflash[name]:
-                raise ConfigError(
-                    f"{source}: dflash_config.{name}={dflash[name]!r} and the top level's "
-                    f"{name}={cfg[name]!r} disagree"
-                )
-            return value
-
-        block_size, mask_token_id, ids = (
-            field("block_size"),
-            field("mask_token_id"),
-            field("target_layer_ids"),
-        )
-        if not isinstance(block_size, int) or block_size < 2:
+    @classmethod
+    def _from_dict(cls, cfg: dict, source: str) -> DFlashConfig:
+        fields = ConfigFields(cfg, source)
+        _refuse_architecture(fields)
+        dflash = fields.mapping("dflash_config") or ConfigFields({}, source, "dflash_config.")
+        _refuse_unimplemented(fields, dflash)
+        block_size = _dflash_field(fields, dflash, "block_size")
+        mask_token_id = _dflash_field(fields, dflash, "mask_token_id")
+        ids = _dflash_field(fields, dflash, "target_layer_ids")
+        if not (is_int(block_size) and 2 <= block_size <= MAX_CONFIG_SIZE):
             raise ConfigError(
-                f"DFlashConfig.block_size={block_size!r} is invalid: must be an integer >= 2 "
+                f"{_where(dflash, 'block_size')}={block_size!r} is invalid: must be an integer >= 2 "
                 "(the bonus token and at least one mask)"
             )
-        if not isinstance(ids, (list, tuple)) or not ids or not all(is_int(i) for i in ids):
+        if not (
+            isinstance(ids, (list, tuple)) and ids and all(is_int64(i) and i >= 0 for i in ids)
+        ):
             raise ConfigError(
-                f"DFlashConfig.target_layer_ids={ids!r} is invalid: must be a non-empty list of ints"
+                f"{_where(dflash, 'target_layer_ids')}={ids!r} is invalid: must be a non-empty list "
+                "of layer ids (integers >= 0)"
             )
-        if not is_int(mask_token_id):
+        if not (is_int64(mask_token_id) and mask_token_id >= 0):
             raise ConfigError(
-                f"DFlashConfig.mask_token_id={mask_token_id!r} is invalid: must be an integer token id"
+                f"{_where(dflash, 'mask_token_id')}={mask_token_id!r} is invalid: must be an integer "
+                "token id"
             )
         # Qwen3-style layers: per-head q/k RMSNorm (ModelConfig derives qk_norm from the architecture).
         layer = ModelConfig.from_dict({**cfg, "architectures": ["Qwen3ForCausalLM"]}, source)
         return cls(
             layer=layer,
             block_size=block_size,
-            mask_token_id=int(mask_token_id),
+            mask_token_id=mask_token_id,
             target_layer_ids=tuple(ids),
-            num_target_layers=cfg.get("num_target_layers"),
+            num_target_layers=fields.optional_integer("num_target_layers", None),
         )
 
     @property
@@ -114,6 +117,78 @@ class DFlashConfig:
     @property
     def num_features(self) -> int:
         return len(self.target_layer_ids)
+
+
+# z-lab dflash/model.py ``DFlashDraftModel`` (the public DFlash v1 drafts): its architecture, and the draft fields it
+# reads from dflash_config, else the top level (``_draft_value``)
+ARCHITECTURE = "DFlashDraftModel"
+IMPLEMENTED_FIELDS = ("block_size", "mask_token_id", "target_layer_ids")
+# field -> (the values that change nothing, what another does): z-lab's ``_raw_input_embeddings`` scales the
+# block's embedding rows; ``compute_logits`` multiplies the logits and, by a positive cap, soft-caps them
+# (tanh(x / cap) * cap). Refused at other values.
+NEUTRAL_FIELDS = {
+    "input_embedding_scale": ("1.0", "scaled block embeddings"),
+    "output_multiplier": ("1.0", "scaled draft logits"),
+    "final_logit_softcapping": ("null or <= 0", "soft-capped draft logits"),
+}
+
+
+def _is_neutral(key: str, value: float | None) -> bool:
+    return value is None or (value <= 0 if key == "final_logit_softcapping" else value == 1.0)
+
+
+def _refuse_architecture(fields: ConfigFields) -> None:
+    """Other DFlash drafts are other networks: z-lab's DFlash2DraftModel (grouped convolutions and a candidate
+    selector), SpecForge's DeepseekDFlashDraftModel (configs/deepseek-v2-lite-dflash.json: MLA layers)."""
+    archs = fields.strings("architectures")
+    if archs and archs[0] != ARCHITECTURE:
+        raise fields.fail(
+            "architectures",
+            archs,
+            f"absent or [{ARCHITECTURE!r}] (other DFlash draft networks are not implemented)",
+        )
+
+
+def _refuse_unimplemented(fields: ConfigFields, dflash: ConfigFields) -> None:
+    """Refuse what changes the draft's output and is not implemented: a dflash_config field outside those
+    z-lab's DFlashDraftModel reads (a later variant's, e.g. DFlash2's conv_kernel_size or selector_rank), one of
+    ``NEUTRAL_FIELDS`` at another value, and ``is_causal`` true (z-lab's Qwen3DFlashAttention then masks the
+    block causally; here the block is non-causal). (The layer's shapes, rope, attention_bias, hidden_act and
+    sliding windows are ModelConfig's Qwen3 reading: windows are refused by ``load_dflash_draft``.
+    tie_word_embeddings is harmless: the draft has no embedding or head of its own.)"""
+    refuse_quantized(fields, "DFlash")
+    known = (*IMPLEMENTED_FIELDS, *NEUTRAL_FIELDS)
+    for key in dflash.data:
+        if key not in known:
+            raise dflash.fail(key, dflash.get(key), f"absent (known fields: {', '.join(known)})")
+    for key, (neutral, what) in NEUTRAL_FIELDS.items():
+        for where in (dflash, fields):
+            value = where.number(key, None)
+            if not _is_neutral(key, value):
+                raise where.fail(key, value, f"{neutral} or absent ({what} are not implemented)")
+    if fields.boolean("is_causal", False):
+        raise fields.fail(
+            "is_causal", True, "false or absent (a causal DFlash block is not implemented)"
+        )
+
+
+def _where(dflash: ConfigFields, name: str) -> str:
+    return f"dflash_config.{name}" if dflash.get(name) is not None else name
+
+
+def _dflash_field(fields: ConfigFields, dflash: ConfigFields, name: str):
+    """dflash_config's ``name``, else the top level's (z-lab's ``_draft_value``); given in both, they must agree."""
+    inner, outer = dflash.get(name), fields.get(name)
+    if inner is None and outer is None:
+        raise ConfigError(
+            f"DFlash config has no {name} (looked in dflash_config and at the top level): "
+            "not a DFlash draft checkpoint?"
+        )
+    if inner is not None and outer is not None and inner != outer:
+        raise ConfigError(
+            f"dflash_config.{name}={inner!r} and the top level's {name}={outer!r} disagree"
+        )
+    return outer if inner is None else inner
 
 
 class DFlashDraft(nn.Module):
@@ -268,11 +343,16 @@ def layers_outside(target_layer_ids: tuple[int, ...], num_layers: int) -> list[i
     return [i for i in target_layer_ids if not 0 <= i < num_layers]
 
 
-def _tensor_shape(draft_dir: Path, name: str) -> tuple[int, ...] | None:
-    for path in checkpoint_files(draft_dir):  # safetensors or .bin
-        with open_shard(path) as f:
-            if name in f.keys():
-                return tuple(f.get_tensor(name).shape)
+def _fc_problem(shape: tuple[int, ...], cfg: DFlashConfig, target_hidden_size: int) -> str | None:
+    """What is wrong with fc.weight's ``shape`` for ``cfg``'s target layers of ``target_hidden_size`` features."""
+    if len(shape) != 2:
+        return f"fc.weight has shape {shape}: it must be 2-D [hidden_size, target layers x target hidden size]"
+    fc_in = shape[1]
+    if fc_in % cfg.num_features or fc_in // cfg.num_features != target_hidden_size:
+        return (
+            f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers x "
+            f"{fc_in / cfg.num_features:g}, but the target hidden size is {target_hidden_size}"
+        )
     return None
 
 
@@ -295,15 +375,12 @@ def load_dflash_draft(
             f"hidden_size {cfg.layer.hidden_size} != target hidden_size {tcfg.hidden_size} (the draft "
             "embeds with the target's embedding and predicts with its head)"
         )
-    fc_shape = _tensor_shape(draft_dir, "fc.weight")
+    fc_shape = tensor_shapes(draft_dir, ("fc.weight",)).get("fc.weight")
     if fc_shape is None:
         raise DraftMismatchError(f"DFlash draft {draft_dir} has no fc.weight tensor")
-    fc_in = fc_shape[1]
-    if fc_in % cfg.num_features or fc_in // cfg.num_features != tcfg.hidden_size:
-        problems.append(
-            f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers x "
-            f"{fc_in / cfg.num_features:g}, but the target hidden size is {tcfg.hidden_size}"
-        )
+    fc_problem = _fc_problem(fc_shape, cfg, tcfg.hidden_size)
+    if fc_problem is not None:
+        problems.append(fc_problem)
     bad = layers_outside(cfg.target_layer_ids, L)
     if bad:
         problems.append(

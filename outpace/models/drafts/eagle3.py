@@ -28,9 +28,10 @@ Speculators config (vLLM transformers_utils/configs/speculators/{base,algos}.py;
 models/eagle3/config.py): the layer's shapes are the ``transformer_layer_config`` dict (a
 transformers config's ``to_diff_dict()``, so class defaults may be left out; its ``vocab_size`` is
 the target's); ``draft_vocab_size``, ``target_hidden_size`` (null: the layer's hidden size),
-``norm_before_residual`` (default false), ``fc_norm``, ``eagle_aux_hidden_state_layer_ids`` sit at
-the top level; ``speculators_config`` holds ``proposal_methods`` (``speculative_tokens``) and
-``verifier`` (``name_or_path``), which describe serving, not the weights.
+``norm_before_residual`` (required: its readers' defaults disagree), ``fc_norm``,
+``eagle_aux_hidden_state_layer_ids`` sit at the top level; ``speculators_config`` holds
+``proposal_methods`` (``speculative_tokens``) and ``verifier`` (``name_or_path``), which describe
+serving, not the weights, as ``embed_requires_grad`` and ``enable_sp_ulysses`` describe training.
 """
 
 from __future__ import annotations
@@ -59,12 +60,14 @@ from outpace.layers.fused_decoder import (
 )
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.model_config import ModelConfig
+from outpace.model_config import ModelConfig, errors_name_file
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype
-from outpace.validation import ConfigFields, read_json_object
+from outpace.validation import ConfigError, ConfigFields, read_json_object
 
+# The integer dtypes a token map (d2t, t2d) may be stored in
+INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 # SpecForge's names of the three aux norms (pull 553 llama3_eagle.py), in the order of the aux states
 AUX_NORM_NAMES_SPECFORGE = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
 
@@ -86,10 +89,17 @@ class Eagle3Config:
 
     @classmethod
     def from_dict(cls, cfg: dict, source: str = "config.json") -> Eagle3Config:
-        """A native config, or a speculators one (``speculators_model_type``); ``source`` names it in
-        errors."""
+        """A native config, or a speculators one (``speculators_model_type``); every ``ConfigError`` names
+        ``source`` (its path) and the field."""
+        with errors_name_file(source):
+            return cls._from_dict(cfg, source)
+
+    @classmethod
+    def _from_dict(cls, cfg: dict, source: str) -> Eagle3Config:
         if "speculators_model_type" in cfg:
-            cfg = _flatten_speculators(cfg)
+            cfg = _flatten_speculators(ConfigFields(cfg, source))
+        else:
+            _refuse_architecture(ConfigFields(cfg, source))
         fields = ConfigFields(cfg, source)
         # NOTE: one decoder layer, as SGLang's and vLLM's LlamaForCausalLMEagle3 (which refuse any other count)
         layers = fields.integer("num_hidden_layers", 1)
@@ -97,6 +107,7 @@ class Eagle3Config:
             raise fields.fail(
                 "num_hidden_layers", layers, "1 (an EAGLE3 draft is one decoder layer)"
             )
+        _refuse_unimplemented(fields)
         layer = ModelConfig.from_dict(
             {**cfg, "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1}, source
         )
@@ -105,10 +116,10 @@ class Eagle3Config:
             draft_vocab_size=fields.integer("draft_vocab_size", layer.vocab_size),
             target_hidden_size=fields.integer("target_hidden_size", layer.hidden_size),
             aux_layer_ids=_aux_layer_ids(fields),
-            use_aux_norm=bool(cfg.get("use_aux_norm") or cfg.get("fc_norm")),
-            bias=bool(cfg.get("bias", False)),
-            norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-            embed_scale=_embed_scale(cfg),
+            use_aux_norm=any([fields.boolean(k, False) for k in ("use_aux_norm", "fc_norm")]),
+            bias=fields.boolean("bias", False),
+            norm_before_residual=fields.boolean("norm_before_residual", False),
+            embed_scale=_embed_scale(cfg, source),
         )
 
     @property
@@ -138,56 +149,146 @@ def _aux_layer_ids(fields: ConfigFields) -> tuple[int, ...] | None:
     return tuple(ids) if ids else None
 
 
-def _embed_scale(cfg: dict) -> float:
+# The EAGLE3 drafts whose network is ``Eagle3Layer`` (one Llama decoder layer), by their ``architectures``: SGLang's
+# models/llama_eagle3.py and SpecForge's modeling/auto.py (AutoDraftModelConfig) name it LlamaForCausalLMEagle3,
+# vLLM's models/llama_eagle3.py Eagle3LlamaForCausalLM, and SGLang's configs/model_config.py renames a draft's
+# LlamaForCausalLM to LlamaForCausalLMEagle3. Other names are other networks (SpecForge's configs/
+# qwen3-30B-A3B-eagle3-moe-draft.json Qwen3MoEForCausalLMEagle3 and gpt-oss-20B-eagle3.json GptOssForCausalLMEagle3:
+# MoE layers; its Qwen2_5_VLForCausalLMEagle3: M-RoPE), refused rather than read as this one.
+LLAMA_LAYER_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "LlamaForCausalLM")
+
+
+def _refuse_architecture(fields: ConfigFields) -> None:
+    archs = fields.strings("architectures")
+    if archs and archs[0] not in LLAMA_LAYER_ARCHITECTURES:
+        raise fields.fail(
+            "architectures",
+            archs,
+            f"absent or one of {', '.join(LLAMA_LAYER_ARCHITECTURES)} (EAGLE3 drafts of one Llama "
+            "decoder layer; other draft networks are not implemented)",
+        )
+
+
+def _refuse_unimplemented(fields: ConfigFields) -> None:
+    """Refuse the fields of public EAGLE3 configs that change what the draft computes and that outpace does not
+    implement. (Read and honoured: the layer's shapes, rope_scaling, head_dim, attention_bias, mlp_bias,
+    hidden_act and tie_word_embeddings through ModelConfig's Llama reading, draft_vocab_size,
+    target_hidden_size, the aux ids, use_aux_norm / fc_norm, bias (fc's, as SGLang's llama_eagle3.py),
+    norm_before_residual, embed_scale and target_model_type. Harmless: model_type, which SpecForge and SGLang
+    never read for a LlamaForCausalLMEagle3 (SpecForge's phi4-mini-eagle3.json says phi3), and training
+    or serving settings such as initializer_range, use_cache, attention_dropout.)"""
+    eagle = fields.mapping("eagle_config")
+    # vLLM llama_eagle3.py LlamaModel: without aux hidden states there is no fc, and the draft reads the
+    # target's last hidden state as it is
+    if eagle is not None and not eagle.boolean("use_aux_hidden_state", True):
+        raise eagle.fail(
+            "use_aux_hidden_state",
+            False,
+            "true or absent (an EAGLE3 draft without aux hidden states is not implemented)",
+        )
+    refuse_quantized(fields, "EAGLE3")
+    # vLLM llama_eagle3.py Eagle3LlamaForCausalLM: LogitsProcessor(draft_vocab_size, scale=logit_scale)
+    scale = fields.number("logit_scale", 1.0)
+    if scale != 1.0:
+        raise fields.fail(
+            "logit_scale", scale, "1.0 or absent (scaled draft logits are not implemented)"
+        )
+
+
+def refuse_quantized(fields: ConfigFields, kind: str) -> None:
+    """Refuse a quantized draft (``quantization_config``: ModelOpt exports quantized EAGLE3 heads): its weights
+    load through models/loader.py ``quantize_modules`` for targets only, and a draft builds plain layers."""
+    quantization = fields.get("quantization_config")
+    if quantization is not None:
+        raise fields.fail(
+            "quantization_config",
+            quantization,
+            f"absent (quantized {kind} drafts are not implemented)",
+        )
+
+
+def _embed_scale(cfg: dict, source: str = "config.json") -> float:
     """What the draft multiplies its embedding rows by: SpecForge pull 553 llama3_eagle.py's rule."""
-    if cfg.get("embed_scale") is not None:
-        return float(cfg["embed_scale"])
-    return cfg["hidden_size"] ** 0.5 if "gemma" in (cfg.get("target_model_type") or "") else 1.0
+    fields = ConfigFields(cfg, source)
+    scale = fields.number("embed_scale", None, positive=True)
+    if scale is not None:
+        return float(scale)
+    gemma = "gemma" in (fields.string("target_model_type", None) or "")
+    return fields.integer("hidden_size") ** 0.5 if gemma else 1.0
 
 
-def _flatten_speculators(cfg: dict) -> dict:
+# The speculators EAGLE3 fields that describe the layer's tensors, copied to the top level of the native form
+SPECULATORS_FIELDS = (
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "fc_norm",
+    "norm_before_residual",
+)
+
+
+# The sizes of transformer_layer_config checked before transformers' LlamaConfig reads them
+LAYER_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
+def _flatten_speculators(fields: ConfigFields) -> dict:
     """A speculators-format EAGLE3 config -> the native (flat) form ``Eagle3Config.from_dict`` reads."""
-    kind = cfg["speculators_model_type"]
+    kind = fields.get("speculators_model_type")
     if kind != "eagle3":
-        raise DraftMismatchError(
-            f"speculators_model_type {kind!r} is not supported: only 'eagle3' drafts load here"
+        raise fields.fail(
+            "speculators_model_type", kind, "'eagle3' (other speculators are not implemented)"
         )
-    layer = cfg.get("transformer_layer_config")
-    if not isinstance(layer, dict):
-        raise DraftMismatchError(
-            "a speculators config needs a transformer_layer_config dict (the layer's shapes)"
+    # speculators eagle3/core.py: norm_before_fc normalises the concatenated aux states before fc (gpt-oss)
+    for key in ("norm_before_fc", "norm_output"):
+        if fields.boolean(key, False):
+            raise fields.fail(key, True, "false or absent (not implemented)")
+    if fields.get("norm_before_residual") is None:
+        # speculators' Eagle3SpeculatorConfig (which always writes it) defaults it to false, vLLM's
+        # transformers_utils/configs/speculators/algos.py update_eagle3 to true: absent, it means either
+        raise fields.fail(
+            "norm_before_residual", None, "true or false (the readers' defaults disagree)"
         )
-    model_type = layer.get("model_type", "llama")
+    layer = _speculators_layer(fields)
+    return {**layer, **{k: fields.get(k) for k in SPECULATORS_FIELDS if k in fields}}
+
+
+def _speculators_layer(fields: ConfigFields) -> dict:
+    """transformer_layer_config with transformers' LlamaConfig defaults: speculators rebuilds it as its class
+    (validate_transformer_config), restoring what ``to_diff_dict()`` left out."""
+    layer = fields.mapping("transformer_layer_config")
+    if layer is None:
+        raise fields.fail("transformer_layer_config", None, "an object (the layer's shapes)")
+    model_type = layer.string("model_type", "llama")
     if (
         model_type != "llama"
     ):  # vLLM (algos.py update_eagle3) serves every eagle3 speculator as a Llama layer
-        raise DraftMismatchError(
-            f"transformer_layer_config.model_type {model_type!r} is not supported: "
-            f"only 'llama' EAGLE3 layers load here"
+        raise layer.fail(
+            "model_type", model_type, "'llama' (other EAGLE3 layers are not implemented)"
         )
-    unsupported = [k for k in ("norm_before_fc", "norm_output") if cfg.get(k)]
-    if unsupported:
-        raise DraftMismatchError(
-            f"speculators EAGLE3 options {', '.join(unsupported)} are not supported"
-        )
+    for key in LAYER_SIZES:  # (named here: LlamaConfig's own checks divide by some, naming none)
+        layer.integer(key, None)
     from transformers import LlamaConfig
 
-    # speculators rebuilds the layer config as its class (validate_transformer_config), restoring the
-    # defaults that to_diff_dict() left out
-    layer = LlamaConfig(**layer).to_dict()
-    if layer["num_hidden_layers"] != 1:
-        raise DraftMismatchError(
-            f"transformer_layer_config.num_hidden_layers is {layer['num_hidden_layers']}: "
-            f"only one-layer EAGLE3 drafts load here"
-        )
-    keys = (
-        "draft_vocab_size",
-        "target_hidden_size",
-        "eagle_aux_hidden_state_layer_ids",
-        "fc_norm",
-        "norm_before_residual",
-    )
-    return {**layer, **{k: cfg[k] for k in keys if k in cfg}}
+    # (transformers' checks raise TypeError, ValueError, ZeroDivisionError or huggingface_hub's StrictDataclassError)
+    try:
+        full = LlamaConfig(**layer.data).to_dict()
+    except Exception as e:  # noqa: BLE001 - named below, whichever of those it is
+        raise ConfigError(
+            f"{fields.source}: field 'transformer_layer_config' is no valid LlamaConfig: {e}"
+        ) from None
+    count = full["num_hidden_layers"]
+    if count != 1:
+        raise layer.fail("num_hidden_layers", count, "1 (an EAGLE3 draft is one decoder layer)")
+    return full
 
 
 class Eagle3Layer(nn.Module):
@@ -284,6 +385,10 @@ class Eagle3Draft(nn.Module):
         # draft id i -> target id i + d2t[i]; t2d marks target ids the draft vocabulary has
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(lc.vocab_size, dtype=torch.bool))
+        # NOTE: token maps are stored as integers (SpecForge and speculators write d2t int64, t2d bool): a
+        # floating-point one is refused by the loader (weight_checks.py ``dtype_problem``), not truncated
+        self.d2t.checkpoint_dtypes = INTEGER_DTYPES
+        self.t2d.checkpoint_dtypes = (torch.bool, *INTEGER_DTYPES)
         # (embedding, head) borrowed from the target, kept in a tuple so they are not registered
         # as this module's submodules (their weights stay the target's, out of our state dict)
         self._borrowed: tuple[nn.Module | None, nn.Module | None] = (None, None)
@@ -364,6 +469,15 @@ def tensor_shapes(draft_dir: Path, wanted: tuple[str, ...]) -> dict[str, tuple[i
                 part = f.get_slice(name)
                 shapes[name] = tuple(part.get_shape() if hasattr(part, "get_shape") else part.shape)
     return shapes
+
+
+def tensor_file(draft_dir: Path, name: str) -> Path | None:
+    """The weight file of the checkpoint in ``draft_dir`` that holds tensor ``name``; None when none does."""
+    for path in checkpoint_files(draft_dir):
+        with open_shard(path) as f:
+            if name in f.keys():
+                return path
+    return None
 
 
 def _checkpoint_problems(
@@ -459,23 +573,41 @@ def load_eagle3_draft(
             aux_norm_names=AUX_NORM_NAMES_SPECFORGE if "aux_norm_low.weight" in names else None,
         )
     load_checkpoint(draft, draft_dir, progress=False)
-    target_ids = torch.arange(cfg.draft_vocab_size, device=draft.d2t.device) + draft.d2t
-    if (
-        target_ids.min() < 0
-        or target_ids.max() >= tcfg.vocab_size
-        or target_ids.unique().numel() != target_ids.numel()
-    ):
-        raise DraftMismatchError(
-            f"EAGLE3 draft {draft_dir}: its d2t map sends draft ids outside the target "
-            f"vocabulary [0, {tcfg.vocab_size}) or two draft ids to one target id"
-        )
-    marked = torch.zeros_like(draft.t2d)
-    marked[target_ids] = True
-    # (t2d, which marks the target ids of the draft vocabulary, is read by no server; absent, it is all True)
-    if "t2d" in names and not torch.equal(marked, draft.t2d):
-        raise DraftMismatchError(
-            f"EAGLE3 draft {draft_dir}: its t2d marks other target ids ({int(draft.t2d.sum())} of them) "
-            f"than the {cfg.draft_vocab_size} its d2t maps the draft vocabulary to: d2t and t2d disagree"
-        )
+    _check_token_maps(draft, draft_dir, names, tcfg.vocab_size)
     draft.attach_target(target)
     return draft.eval()
+
+
+def _check_token_maps(
+    draft: Eagle3Draft, draft_dir: Path, names: set[str], vocab_size: int
+) -> None:
+    """Refuse a d2t that sends a draft id outside the target vocabulary or two draft ids to one target id,
+    and a t2d that marks other target ids than d2t reaches, naming the file that holds the tensor. (t2d is
+    read by no server; absent, it is all True and not checked.)"""
+    target_ids = torch.arange(draft.d2t.numel(), device=draft.d2t.device) + draft.d2t
+    problem = _d2t_problem(target_ids, vocab_size)
+    if problem is not None:
+        raise DraftMismatchError(f"{tensor_file(draft_dir, 'd2t')}: tensor 'd2t' {problem}")
+    marked = torch.zeros_like(draft.t2d)
+    marked[target_ids] = True
+    if "t2d" in names and not torch.equal(marked, draft.t2d):
+        raise DraftMismatchError(
+            f"{tensor_file(draft_dir, 't2d')}: tensor 't2d' marks other target ids "
+            f"({int(draft.t2d.sum())} of them) than the {target_ids.numel()} its d2t maps the draft "
+            "vocabulary to: d2t and t2d disagree"
+        )
+
+
+def _d2t_problem(target_ids: torch.Tensor, vocab_size: int) -> str | None:
+    """What is wrong with the target ids [draft_vocab] that d2t gives; None when they are distinct ids of the
+    target vocabulary."""
+    outside = ((target_ids < 0) | (target_ids >= vocab_size)).nonzero().flatten()
+    if outside.numel():
+        first = int(outside[0])
+        return (
+            f"sends {outside.numel()} draft id(s) outside the target vocabulary [0, {vocab_size}) "
+            f"(draft id {first} -> {int(target_ids[first])})"
+        )
+    if target_ids.unique().numel() != target_ids.numel():
+        return "sends two draft ids to one target id"
+    return None

@@ -31,7 +31,6 @@ are the same.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -45,7 +44,7 @@ from outpace.distributed.group import build_group
 from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
-from outpace.model_config import ModelConfig
+from outpace.model_config import ModelConfig, errors_name_file
 from outpace.models.drafts.eagle3 import DraftMismatchError
 from outpace.models.gemma import layer_type, layer_type_ropes, refuse
 from outpace.models.gemma4 import (
@@ -57,7 +56,7 @@ from outpace.models.gemma4 import (
     _layer_overrides,
 )
 from outpace.models.loader import covering_positions, default_dtype
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, ConfigFields, read_json_object
 
 # Gemma4AssistantConfig.validate_architecture: what an assistant's text config must leave off
 REQUIRED_OFF = (
@@ -132,8 +131,19 @@ class AssistantConfig:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_dict(cls, raw: dict) -> AssistantConfig:
-        text = dict(raw["text_config"], architectures=["Gemma4ForCausalLM"])
+    def from_dict(cls, raw: dict, source: str = "config.json") -> AssistantConfig:
+        """``raw``: the config.json object; every ``ConfigError`` names ``source`` (its path) and the field."""
+        with errors_name_file(source):
+            return cls._from_dict(ConfigFields(raw, source))
+
+    @classmethod
+    def _from_dict(cls, fields: ConfigFields) -> AssistantConfig:
+        text_fields = fields.mapping("text_config")
+        if text_fields is None:
+            raise fields.fail(
+                "text_config", None, "an object (the assistant's Gemma 4 text config)"
+            )
+        text = dict(text_fields.data, architectures=["Gemma4ForCausalLM"])
         for key in REQUIRED_OFF:
             if text.get(key):
                 raise refuse(
@@ -141,23 +151,21 @@ class AssistantConfig:
                 )
         if text.get("use_bidirectional_attention") == "all":
             raise refuse("text_config.use_bidirectional_attention", "all", "None or 'vision'")
-        n = text["num_hidden_layers"]
-        if text.get("num_kv_shared_layers", 0) not in (
-            0,
-            n,
-        ):  # 0: Gemma4AssistantConfig.__post_init__ sets n
+        n = text_fields.integer("num_hidden_layers")
+        # 0: Gemma4AssistantConfig.__post_init__ sets n
+        if text_fields.integer("num_kv_shared_layers", 0, minimum=0) not in (0, n):
             raise refuse(
                 "text_config.num_kv_shared_layers",
                 text["num_kv_shared_layers"],
                 f"num_hidden_layers = {n} (every assistant layer shares the target's KV)",
             )
         return cls(
-            text=ModelConfig.from_dict(text),
-            backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
-            use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
-            num_centroids=int(raw.get("num_centroids", 2048)),
-            centroid_top_k=int(raw.get("centroid_intermediate_top_k", 32)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+            text=ModelConfig.from_dict(text, fields.source),
+            backbone_hidden_size=fields.integer("backbone_hidden_size", 1536),
+            use_ordered_embeddings=fields.boolean("use_ordered_embeddings", False),
+            num_centroids=fields.integer("num_centroids", 2048),
+            centroid_top_k=fields.integer("centroid_intermediate_top_k", 32),
+            tie_word_embeddings=fields.boolean("tie_word_embeddings", True),
         )
 
 
@@ -332,13 +340,14 @@ def load_gemma4_assistant(
         raise ConfigError(
             f"a Gemma 4 assistant drafts for Gemma 4 targets, not {target.config.architecture}"
         )
-    raw = json.loads((draft_dir / "config.json").read_text())
-    cfg = AssistantConfig.from_dict(raw)
+    path = draft_dir / "config.json"
+    cfg = AssistantConfig.from_dict(read_json_object(path), str(path))
     cfg = dataclasses.replace(
         cfg, text=covering_positions(cfg.text, target.config.max_position_embeddings)
     )
     checkpoint_files(draft_dir)  # every weight file checked readable before the draft is built
-    with default_dtype(dtype), torch.device(device):
+    # (the checks of its build, e.g. num_centroids against vocab_size, name the file too)
+    with errors_name_file(str(path)), default_dtype(dtype), torch.device(device):
         draft = Gemma4Assistant(cfg, target)
     load_checkpoint(draft, draft_dir, progress=False)
     return draft.eval()

@@ -40,11 +40,23 @@ from outpace.layers.fused_decoder import run_layer
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.models.drafts.mtp import DraftHead, mtp_input
+from outpace.validation import MAX_CONFIG_SIZE, ConfigError, is_int
+
+# Where a Qwen3-Next / Qwen3.5 config.json counts its MTP layers, the first given (module docstring)
+MTP_COUNT_FIELDS = ("mtp_num_hidden_layers", "num_nextn_predict_layers")
 
 
 def mtp_layer_count(raw: dict) -> int:
-    """The MTP layers a Qwen3-Next / Qwen3.5 config.json declares (module docstring)."""
-    return int(raw.get("mtp_num_hidden_layers") or raw.get("num_nextn_predict_layers") or 0)
+    """The MTP layers a Qwen3-Next / Qwen3.5 config.json declares (module docstring). A count that is no integer
+    >= 0 raises ``ConfigError`` naming the field (and the file, where the model class's constructor reads it:
+    models/config_hooks.py ``ConfigHooks``)."""
+    for key in MTP_COUNT_FIELDS:
+        value = raw.get(key)
+        if value is not None and not (is_int(value) and 0 <= value <= MAX_CONFIG_SIZE):
+            raise ConfigError(
+                f"field {key!r} must be an integer in [0, {MAX_CONFIG_SIZE}], got {value!r}"
+            )
+    return next((raw[key] for key in MTP_COUNT_FIELDS if raw.get(key)), 0)
 
 
 def step_checkpoint_name(param_name: str) -> str:
