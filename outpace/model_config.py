@@ -289,7 +289,7 @@ def _rope_scaling(fields: ConfigFields, max_positions: int) -> dict | None:
     params = _rope_parameters(fields)
     if params is None:
         return None
-    kind = params.get("rope_type", params.get("type", "default"))
+    kind = params.string("rope_type" if "rope_type" in params else "type", "default")
     if kind == "default":
         return None
     for key in ROPE_FACTORS.get(kind, ()):

@@ -121,6 +121,18 @@ def test_bad_rope_field_is_refused_naming_file_and_field(case, key, tmp_path):
         read(tmp_path, **{key: params})
 
 
+@pytest.mark.parametrize("key, name", [("rope_parameters", "rope_type"), ("rope_scaling", "type")])
+@pytest.mark.parametrize("kind", [["yarn"], {"yarn": 1}])
+def test_a_rope_type_not_a_string_is_refused_naming_it(kind, key, name, tmp_path):
+    """(A list or an object as the rope type once failed as a bare TypeError: unhashable type.)"""
+    expected = f"{tmp_path / 'config.json'}: field '{key}.{name}' must be a string, got {kind!r}"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        read(
+            tmp_path,
+            **{key: {**YARN, "rope_type": kind} if name == "rope_type" else {"type": kind}},
+        )
+
+
 @pytest.mark.parametrize("head_dim", [31, None])  # given, or hidden_size // num_attention_heads
 def test_odd_head_dim_is_refused(head_dim, tmp_path):
     shape = {"head_dim": 31} if head_dim else {"hidden_size": 62, "num_attention_heads": 2}
