@@ -37,7 +37,7 @@ from outpace.speculative.proposer import (
     Verified,
 )
 from outpace.speculative.rows import prefill_extension
-from outpace.validation import ConfigError, read_json_object
+from outpace.validation import ConfigError, ConfigFields, is_int64, read_json_object
 
 
 def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
@@ -59,7 +59,7 @@ def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
                 f"a draft model must share the target's tokenizer"
             )
         return t.vocab_size
-    target_ids, draft_ids = (_token_ids(read_json_object(f)) for f in files)
+    target_ids, draft_ids = (_token_ids(f) for f in files)
     if target_ids != draft_ids:
         raise ConfigError(
             f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
@@ -74,13 +74,43 @@ def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
     return size
 
 
-def _token_ids(tokenizer: dict) -> dict[str, int]:
-    """A tokenizer.json's token -> id map: the model's vocabulary (a token -> id dict, or for Unigram
-    models a list of [token, score] in id order) and the added (special) tokens."""
-    vocab = tokenizer["model"].get("vocab") or {}
-    ids = {tok: i for i, (tok, _) in enumerate(vocab)} if isinstance(vocab, list) else dict(vocab)
-    ids.update({t["content"]: t["id"] for t in tokenizer.get("added_tokens", [])})
+def _token_ids(path: Path) -> dict[str, int]:
+    """A tokenizer.json's token -> id map: the model's vocabulary (a token -> id object, or for Unigram models a
+    list of [token, score] in id order: the tokenizers library's serialization) and the added (special) tokens. A
+    file of another shape is refused naming it and the field."""
+    fields = ConfigFields(read_json_object(path), str(path))
+    model = fields.mapping("model")
+    if model is None:
+        raise fields.fail("model", None, "an object (the tokenizer's model and its vocab)")
+    vocab = model.get("vocab")
+    if isinstance(vocab, dict) and vocab and all(is_int64(i) and i >= 0 for i in vocab.values()):
+        ids = dict(vocab)
+    elif isinstance(vocab, list) and vocab and all(_is_unigram_entry(e) for e in vocab):
+        ids = {entry[0]: i for i, entry in enumerate(vocab)}
+    else:
+        raise model.fail(
+            "vocab",
+            f"<{type(vocab).__name__}>",
+            "a non-empty token -> id object, or a list of [token, score]",
+        )
+    added = fields.get("added_tokens") or []
+    if not (isinstance(added, list) and all(_is_added_token(t) for t in added)):
+        raise fields.fail("added_tokens", f"<{type(added).__name__}>", "a list of {content, id}")
+    ids.update({t["content"]: t["id"] for t in added})
     return ids
+
+
+def _is_unigram_entry(entry) -> bool:
+    return isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+
+
+def _is_added_token(token) -> bool:
+    return (
+        isinstance(token, dict)
+        and isinstance(token.get("content"), str)
+        and is_int64(token.get("id"))
+        and token["id"] >= 0
+    )
 
 
 class DraftModelProposer(Proposer):
