@@ -188,7 +188,8 @@ class SamplingFields(_Body):
         """``logit_bias`` with its keys (token ids as strings, OpenAI's form) as ints."""
         if not self.logit_bias:
             return None
-        bad = [k for k in self.logit_bias if not k.isdigit()]
+        # NOTE: ASCII digits only: str.isdigit() also takes "²", which int() refuses (a 500 before).
+        bad = [k for k in self.logit_bias if not (k.isascii() and k.isdigit())]
         if bad:
             raise bad_request(f"logit_bias keys must be token ids, got {bad[0]!r}", "logit_bias")
         return {int(k): v for k, v in self.logit_bias.items()}

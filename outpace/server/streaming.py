@@ -9,12 +9,14 @@ that arrived since the choice's last chunk when asked (a chat's reasoning and to
 the server parses them: server/chat_output.py ``ChoiceStream``); a chunk with the finish reason ends each
 choice, a usage chunk (``include_usage``) and ``[DONE]`` end the stream. With echo and logprobs the
 prompt's chunk waits for the prompt's log-probabilities, which exist once the prompt has run.
+A failure once the stream is under way (the engine's, or a fault of ours) ends it with an error event and ``[DONE]``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +30,8 @@ from outpace.server.protocol import APIError
 from outpace.server.responses import Job, sse
 
 Send = Callable[[dict], Awaitable[None]]
+
+logger = logging.getLogger("outpace.server")
 
 
 async def send_json(
@@ -134,7 +138,15 @@ class _ChoiceState:
     parsed: ChoiceStream | None = None  # a chat's reasoning and tool calls (server/chat_output.py)
     echoed: bool = False
     tokens: int = 0  # output tokens whose log-probabilities were sent
-    offset: int = 0  # characters of text sent (completions' text_offset)
+    # completions' text_offset of the next token whose log-probabilities go out: the texts of the tokens before it, as
+    # the whole answer counts them (not the text sent, which lags where a stop string's prefix is held back)
+    offset: int = 0
+
+
+def _next_offset(logprobs: dict, offset: int) -> int:
+    """The text_offset after the tokens of a completions' logprobs object (``offset`` where it has none)."""
+    tokens = logprobs.get("tokens")
+    return logprobs["text_offset"][-1] + len(tokens[-1]) if tokens else offset
 
 
 async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
@@ -159,13 +171,14 @@ async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
                 state.echoed, prefix = True, job.echo_prefix(index)
                 lp = job.prompt_logprobs(out)
                 yield sse(job.chunk(index, prefix, logprobs=lp, num_output_tokens=num_tokens))
-                state.offset = len(prefix)
+                state.offset = _next_offset(lp, 0)
             text = "" if job.echo_only else state.text(out.text, out.finished)
             lp = None
             if with_logprobs and num_tokens > state.tokens:
                 lp = job.output_logprobs(out, state.tokens, state.offset)
                 state.tokens = num_tokens
-            state.offset += len(text)
+                if not job.chat:
+                    state.offset = _next_offset(lp, state.offset)
             fields = None
             if state.parsed is not None:  # the text goes out as the fields parsed from it
                 text, fields = None, state.parsed.feed(text, out.finished)
@@ -182,6 +195,12 @@ async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
                 )
     except EngineError as e:
         yield sse(APIError(500, str(e), code="engine_error", type="server_error").to_dict())
+        yield b"data: [DONE]\n\n"
+        return
+    except Exception as e:  # noqa: BLE001 - a fault of ours: the client still reads an error and [DONE], as vLLM's
+        logger.exception("internal error while streaming %s", job.id)
+        message = f"internal server error: {type(e).__name__}"  # (app.py's 500, no internals)
+        yield sse(APIError(500, message, code="internal_error", type="server_error").to_dict())
         yield b"data: [DONE]\n\n"
         return
     if job.body.include_usage:
