@@ -1,17 +1,16 @@
-"""Incremental detokenization: the text of a growing output without re-decoding all of it.
+"""Incremental detokenization: the text of a growing output without re-decoding all of it, equal to vLLM's.
 
-Where the tokenizer has a Rust backend (``tokenizers.Tokenizer``), its ``DecodeStream`` does the work: each step
-feeds it only the new tokens and appends the chunk it returns (about 0.7 us a token on the zoo tokenizer, against
-6.3 us for two Python-side decodes). A tokenizer without one, or one that cleans up spaces after decoding
-(``clean_up_tokenization_spaces``, which ``DecodeStream`` does not apply), decodes through ``tokenizer.decode``:
-each step decodes the tokens since ``prefix_offset`` (a few tokens of left context, so that pieces that depend
-on their neighbours decode the same way) and appends what is new. Either way text is held back while the
-newest tokens end inside a multi-byte character. The final text of a finished request is decoded in one piece.
-
-A final text must not end in the U+FFFD of a character its tokens left unfinished (max_tokens or a stop token
-cut it after some of its byte tokens): ``final_text`` (the engine's final text: engine/engine.py ``_detokenize``)
-leaves out the tokens that hold it, as vLLM's incremental detokenizer never emits them.
-A U+FFFD the model wrote whole (the three bytes of the character itself) stays.
+Where the tokenizer has a Rust backend (``tokenizers.Tokenizer``), its ``DecodeStream`` does the work, as in vLLM's
+``FastIncrementalDetokenizer`` (vllm/v1/engine/detokenizer.py): the stream is primed with the prompt's ids (so the
+first output tokens decode in their context: a SentencePiece piece's leading space stays, a character the prompt
+began is finished), then stepped one output token at a time, and the text is the concatenation of the chunks it
+returns. A chunk is held back while the decoded text ends in U+FFFD (a character not finished yet, or bytes no
+character can be made of), and what is held when the request finishes is never emitted: the final text is this
+incremental text, not a re-decode of the output (vLLM's ``get_next_output_text`` returns ``output_text``).
+A tokenizer without a backend decodes through ``tokenizer.decode``: each step decodes the tokens since
+``prefix_offset`` (a few tokens of left context) and appends what is new, holding back text that ends in U+FFFD;
+its final text is decoded in one piece, less the tokens of a character its last tokens left unfinished
+(``final_text``).
 """
 
 from __future__ import annotations
@@ -44,20 +43,69 @@ def streaming_backend(tokenizer):
     return getattr(tokenizer, "backend_tokenizer", None)
 
 
+# What tokenizers' DecodeStream raises when the decoded window no longer starts with the text it already emitted
+# (byte-fallback runs that are not UTF-8 decode to one U+FFFD a byte, so a later byte can change earlier text).
+_INVALID_PREFIX = "Invalid prefix encountered"
+
+
+_PRIME_WINDOW = 24  # (vLLM's: the longest prompt suffix it stepped)
+
+
+def _step(state: DetokenizerState, backend, token: int, skip_special_tokens: bool) -> str:
+    """One output token through ``state.stream``: the text it lets out ("" while held back)."""
+    try:
+        chunk = state.stream.step(backend, token)
+    except Exception as error:
+        if not str(error).startswith(_INVALID_PREFIX):
+            raise
+        # NOTE: vLLM's FastIncrementalDetokenizer._protected_step (vllm-project/vllm#17448): the stream's state is
+        # broken; a fresh stream (no context) steps the token, and the text emitted so far stays as it is.
+        state.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        chunk = state.stream.step(backend, token)
+    return chunk or ""
+
+
+def _prime(
+    state: DetokenizerState, backend, prompt_ids: list[int], skip_special_tokens: bool
+) -> None:
+    """Start ``state.stream`` on the prompt, as vLLM's FastIncrementalDetokenizer does, so that the output decodes
+    in its context. The prompt up to a point where its text ends on a whole character goes to the stream at once
+    (``DecodeStream(ids=...)``); the tokens after it (at most ``_PRIME_WINDOW``) are stepped one by one, what they
+    let out dropped.
+    NOTE: not the whole prompt at once (vLLM's latest ``DecodeStream(ids=prompt_token_ids)``): where the prompt
+    ends inside a character, that stream lets the prompt's whole text out with the token that finishes it. Stepped,
+    the output's text begins with that character, as with vLLM's earlier priming (a suffix of up to 24 prompt
+    tokens whose text holds no U+FFFD, else the prompt, stepped token by token)."""
+    cut = len(prompt_ids)
+    while cut > 0 and len(prompt_ids) - cut < _PRIME_WINDOW:
+        if not backend.decode(prompt_ids[max(0, cut - 8) : cut], skip_special_tokens).endswith(
+            "\ufffd"
+        ):
+            break
+        cut -= 1
+    state.stream = DecodeStream(ids=prompt_ids[:cut], skip_special_tokens=skip_special_tokens)
+    for token in prompt_ids[cut:]:
+        _step(state, backend, token, skip_special_tokens)
+
+
 def update_text(
-    tokenizer, ids: list[int], state: DetokenizerState, skip_special_tokens: bool = True
+    tokenizer,
+    ids: Sequence[int],
+    state: DetokenizerState,
+    skip_special_tokens: bool = True,
+    prompt_ids: Sequence[int] = (),
 ) -> str:
-    """Bring ``state.text`` up to ``ids`` (the output so far) and return it (special tokens left out unless
-    ``skip_special_tokens`` is False)."""
+    """Bring ``state.text`` up to ``ids`` (the output so far, after ``prompt_ids``) and return it (special tokens
+    left out unless ``skip_special_tokens`` is False)."""
     backend = streaming_backend(tokenizer)
     if backend is not None:
         if state.stream is None:
-            state.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-        if len(ids) > state.read_offset:
-            chunk = state.stream.step(backend, ids[state.read_offset :])
-            state.read_offset = len(ids)
-            if chunk:
-                state.text += chunk
+            _prime(state, backend, list(prompt_ids), skip_special_tokens)
+        # NOTE: one token a step, as vLLM's BaseIncrementalDetokenizer.update does: a list stepped at once lets
+        # nothing out when it ends inside a character, which would lose its whole characters at the end of a request
+        for token in ids[state.read_offset :]:
+            state.text += _step(state, backend, token, skip_special_tokens)
+        state.read_offset = len(ids)
         return state.text
     decode = lambda part: tokenizer.decode(part, skip_special_tokens=skip_special_tokens)  # noqa: E731
     seen = decode(ids[state.prefix_offset : state.read_offset])
@@ -68,8 +116,20 @@ def update_text(
     return state.text
 
 
-def final_text(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-    """The text of a finished output's ``ids``, less the tokens that hold an unfinished character at its end."""
+def final_text(
+    tokenizer,
+    ids: Sequence[int],
+    skip_special_tokens: bool = True,
+    prompt_ids: Sequence[int] = (),
+    state: DetokenizerState | None = None,
+) -> str:
+    """The text of a finished output's ``ids`` (after ``prompt_ids``). With a Rust backend, the incremental text
+    (``state``, carried on where it was used for stop strings or streaming, else a fresh one), as vLLM returns it;
+    otherwise the decode of ``ids`` less the tokens that hold an unfinished character at its end."""
+    if streaming_backend(tokenizer) is not None:
+        if state is None or state.read_offset > len(ids):
+            state = DetokenizerState()
+        return update_text(tokenizer, ids, state, skip_special_tokens, prompt_ids)
     text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
     if not text.endswith("\ufffd"):
         return text

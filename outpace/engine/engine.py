@@ -565,6 +565,7 @@ class LLMEngine:
                 req.output_token_ids,
                 req.detokenizer,
                 req.params.skip_special_tokens,
+                req.prompt_token_ids,
             )
 
     def _detokenize(self, req: Request) -> None:
@@ -578,4 +579,7 @@ class LLMEngine:
         stopped_by_token = req.finish_reason == "stop" and not isinstance(req.stop_reason, str)
         if stopped_by_token and not p.include_stop_str_in_output:
             ids = ids[:-1]
-        req.text = final_text(self.tokenizer, ids, p.skip_special_tokens)
+        # (vLLM returns its incremental detokenizer's text: the stream is carried on, not decoded afresh)
+        req.text = final_text(
+            self.tokenizer, ids, p.skip_special_tokens, req.prompt_token_ids, req.detokenizer
+        )

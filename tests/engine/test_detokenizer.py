@@ -1,7 +1,7 @@
 """The final text of a finished output (detokenizer.py ``final_text``): a character its last tokens began and did
 not finish (max_tokens or a stop cut it after its first byte tokens) is left out, as vLLM's incremental
-detokenizer never emits it, instead of ending the text in U+FFFD; a U+FFFD the model wrote whole stays. On the
-zoo's byte-level BPE tokenizer, and on a byte-fallback one (SentencePiece's ``<0xNN>`` tokens)."""
+detokenizer never emits it, instead of ending the text in U+FFFD; a U+FFFD the model wrote whole stays inside the
+text. On the zoo's byte-level BPE tokenizer, and on a byte-fallback one (SentencePiece's ``<0xNN>`` tokens)."""
 
 from pathlib import Path
 
@@ -41,11 +41,14 @@ def test_a_cut_character_is_left_out(tok, text):
 
 
 def test_a_replacement_character_written_whole_stays(tok):
+    """Inside the text it stays; at its end it is held back like an unfinished character, as vLLM's DecodeStream
+    holds any text that ends in U+FFFD (test_detokenizer_fuzz.py ``test_a_trailing_replacement_character_is_held_back``)."""
     ids = tok.encode("x\ufffd", add_special_tokens=False)  # (its three bytes, a whole character)
-    assert final_text(tok, ids) == "x\ufffd" and unfinished_tokens(tok, ids) == 0
+    assert final_text(tok, ids) == "x" and unfinished_tokens(tok, ids) == 0
+    assert final_text(tok, ids + tok.encode("y", add_special_tokens=False)) == "x\ufffdy"
     assert final_text(tok, ids[:-1]) == "x"  # cut inside it: left out like any other
     cut = tok.encode("é", add_special_tokens=False)[:1]
-    assert tok.decode(ids + cut) == "x\ufffd\ufffd" and final_text(tok, ids + cut) == "x\ufffd"
+    assert tok.decode(ids + cut) == "x\ufffd\ufffd" and final_text(tok, ids + cut) == "x"
 
 
 def test_skipped_special_tokens_after_the_cut(tok):
@@ -82,15 +85,19 @@ def test_byte_fallback():
     assert final_text(tok, [a, e4, b8, ad, c3]) == "a中"
     assert final_text(tok, [a, e4, b8]) == "a" and final_text(tok, [a, c3, a9]) == "aé"
     assert (
-        final_text(tok, [a, a9]) == "a\ufffd"
-    )  # (a byte no character begins with: nothing to finish)
+        final_text(tok, [a, a9]) == "a"
+    )  # (a byte no character begins with: held back too, as vLLM does)
 
 
 def test_tokens_of_unknown_bytes_are_left_as_decoded():
     """A decoder that is neither byte-level nor byte fallback: its tokens' text is taken as whole characters."""
     backend = Tokenizer(models.WordLevel({"<unk>": 0, "\ufffd": 1, "b": 2}, unk_token="<unk>"))
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
-    assert final_text(tok, [2, 1]) == tok.decode([2, 1]) and unfinished_tokens(tok, [2, 1]) == 0
+    assert unfinished_tokens(tok, [2, 1]) == 0
+    assert final_text(tok, [2, 1, 2]) == tok.decode([2, 1, 2])
+    assert (
+        final_text(tok, [2, 1]) == "b"
+    )  # (DecodeStream holds a text that ends in U+FFFD back, as vLLM)
 
 
 def test_the_offline_api_leaves_a_cut_character_out(tok):
