@@ -34,6 +34,19 @@ SUPPORTED_ARCHITECTURES = tuple(MODELS)  # the one list of architectures is the 
 ROPE_TYPES = ("default", "llama3", "linear", "yarn")
 
 
+# The sizes every decoder config gives, positive integers
+SIZE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The parts of a Hugging Face ``config.json`` that outpace's models read."""
@@ -85,16 +98,7 @@ class ModelConfig:
             self.architecture in SUPPORTED_ARCHITECTURES,
             f"one of {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "max_position_embeddings",
-        ):
+        for name in SIZE_FIELDS:
             require_positive_int(o, name, getattr(self, name))
         require(
             o,

@@ -60,7 +60,7 @@ from outpace.layers.fused_decoder import (
 )
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
-from outpace.model_config import ModelConfig, errors_name_file
+from outpace.model_config import SIZE_FIELDS, ModelConfig, errors_name_file
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
 from outpace.models.loader import covering_positions, default_dtype
@@ -227,19 +227,6 @@ SPECULATORS_FIELDS = (
 )
 
 
-# The sizes of transformer_layer_config checked before transformers' LlamaConfig reads them
-LAYER_SIZES = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-)
-
-
 def _flatten_speculators(fields: ConfigFields) -> dict:
     """A speculators-format EAGLE3 config -> the native (flat) form ``Eagle3Config.from_dict`` reads."""
     kind = fields.get("speculators_model_type")
@@ -274,7 +261,7 @@ def _speculators_layer(fields: ConfigFields) -> dict:
         raise layer.fail(
             "model_type", model_type, "'llama' (other EAGLE3 layers are not implemented)"
         )
-    for key in LAYER_SIZES:  # (named here: LlamaConfig's own checks divide by some, naming none)
+    for key in SIZE_FIELDS:  # (named here: LlamaConfig's own checks divide by some, naming none)
         layer.integer(key, None)
     from transformers import LlamaConfig
 
