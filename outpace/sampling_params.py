@@ -43,14 +43,16 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         o = "StructuredOutputsParams"
         if self.choice is not None:
-            object.__setattr__(self, "choice", tuple(self.choice))
             require(
                 o,
                 "choice",
                 self.choice,
-                len(self.choice) > 0 and all(isinstance(c, str) and c for c in self.choice),
+                _is_list(self.choice)
+                and len(self.choice) > 0
+                and all(isinstance(c, str) and c for c in self.choice),
                 "a non-empty list of non-empty strings",
             )
+            object.__setattr__(self, "choice", tuple(self.choice))
         require(
             o,
             "json",
@@ -68,7 +70,11 @@ class StructuredOutputsParams:
                 "a non-empty string",
             )
         require(
-            o, "json_object", self.json_object, self.json_object in (None, True, False), "a bool"
+            o,
+            "json_object",
+            self.json_object,
+            self.json_object is None or isinstance(self.json_object, bool),
+            "a bool",
         )
         chosen = [
             name
@@ -84,11 +90,10 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        """Which constraint is set: json, regex, choice, grammar or json_object."""
+        """Which constraint is set: json, regex, choice, grammar or json_object (an empty schema ``{}`` is set)."""
         return next(
-            name
-            for name in ("json", "regex", "choice", "grammar", "json_object")
-            if getattr(self, name)
+            (n for n in ("json", "regex", "choice", "grammar") if getattr(self, n) is not None),
+            "json_object",
         )
 
 

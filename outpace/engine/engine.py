@@ -480,6 +480,9 @@ class LLMEngine:
             )
         if n and req.metrics.first_token_time is None:
             req.metrics.first_token_time = now
+        failure = self.grammars.failure(req)
+        if failure is not None:  # its grammar's dead end (structured/grammar.py): it fails, alone
+            raise failure
         stop = False
         for j in range(at, at + n):
             if results.logprobs is not None:

@@ -49,7 +49,7 @@ from outpace.server.request_inputs import RequestInputs
 from outpace.server.responses import Job
 from outpace.server.streaming import GenerationResponse, json_producer, send_json, stream_producer
 from outpace.server.tool_calls import tool_call_format
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, is_finite_number
 
 logger = logging.getLogger("outpace.server")
 
@@ -148,12 +148,16 @@ def build_app(
         ("max_n", max_n),
         ("max_choices", max_choices),
         ("max_body_bytes", max_body_bytes),
-        ("log_interval", log_interval),
         ("max_queued_requests", 1 if max_queued_requests is None else max_queued_requests),
     )
     for name, value in limits:
         if not value > 0:
             raise ConfigError(f"server {name}={value!r} is invalid: must be > 0")
+    if not (is_finite_number(log_interval) and log_interval > 0):  # (inf or nan would never log)
+        raise ConfigError(
+            f"server log_interval={log_interval!r} is invalid: "
+            "must be a finite number of seconds > 0"
+        )
     model_name = served_model_name or Path(engine_config.model).name or str(engine_config.model)
     metrics = ServerMetrics(model_name)
     engine = serving_engine(

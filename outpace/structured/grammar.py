@@ -13,6 +13,13 @@ the node's path had been committed (accepting the path's drafts, filling the mas
 After the verify only the committed tokens are accepted (``accept``): the drafts' advance was undone
 at once, which is the rollback of rejected drafts.
 
+A grammar may reach a dead end: a point that no token continues and where it may not end (the grammar
+``root ::= "ab" x`` with ``x ::= x "b"``, after "ab"). A constraint whose start is one (the schema
+``{"$ref": "#"}``) is refused at admission; elsewhere the batch's masks give such a node the stop tokens
+alone (GrammarTable ``tree_masks``), so its row samples a stop token, and the grammar, refusing it, records
+``GrammarDeadEnd``: the engine ends that request alone with it (finish_reason "error", as vLLM ends a
+request whose grammar refuses its tokens).
+
 A constraint with ``starts_after`` (a reasoning model's "</think>") is a ``GatedGrammar``: every mask allows
 anything until that text's tokens are in the output, or on a draft path until they complete there.
 
@@ -20,6 +27,7 @@ JSON (a schema or ``json_object``) is generated compactly, with no free whitespa
 (xgrammar's ``any_whitespace=False``), so a model cannot stall in whitespace until max_tokens.
 A schema's ``$ref`` must resolve inside the schema: xgrammar lets any value through where a reference
 leaves it (another file, a URL, an anchor), so such a schema is refused rather than run unconstrained.
+A schema nests at most ``MAX_SCHEMA_DEPTH`` levels: xgrammar's compile time grows as the cube of the depth.
 """
 
 from __future__ import annotations
@@ -47,6 +55,22 @@ class ConstraintError(ValueError):
 
     def __str__(self) -> str:
         return f"structured_outputs.{self.kind} does not compile: {self.detail}"
+
+
+class GrammarDeadEnd(ValueError):
+    """A request's grammar reached a dead end (the module docstring) after ``num_tokens`` tokens it accepted:
+    the request fails with it, no other."""
+
+    def __init__(self, kind: str, num_tokens: int) -> None:
+        super().__init__(kind, num_tokens)  # (both in args, as ConstraintError's)
+        self.kind, self.num_tokens = kind, num_tokens
+
+    def __str__(self) -> str:
+        return (
+            f"structured_outputs.{self.kind} allows no token after {self.num_tokens} output "
+            f"token{'s' * (self.num_tokens != 1)}: no text the tokenizer can write continues it "
+            "there, and it may not end there"
+        )
 
 
 def _xgrammar():
@@ -92,6 +116,7 @@ class GrammarCompiler:
         compiler, kind = self._compiler_or_build(), spec.kind
         if kind == "json":
             schema = _parsed_schema(spec.json)
+            _check_depth(schema)
             _check_refs(schema, schema)
         try:
             if kind == "json":
@@ -111,42 +136,73 @@ class GrammarCompiler:
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
             raise ConstraintError(kind, _parser_message(e)) from None
 
+    def check(self, spec: StructuredOutputsParams) -> None:
+        """At admission: the constraint compiles and some output satisfies it (``ConstraintError`` otherwise)."""
+        if self._request_grammar(spec).at_dead_end():
+            raise ConstraintError(
+                spec.kind, "no output satisfies it (no text the tokenizer can write matches it)"
+            )
+
     def matcher(
         self, spec: StructuredOutputsParams, output_token_ids: Sequence[int] = ()
     ) -> RequestGrammar:
         """A request's grammar state after ``output_token_ids`` (its committed output so far)."""
-        grammar = RequestGrammar(
-            _xgrammar().GrammarMatcher(self.compile(spec)), self.vocab_size, self.stop_token_ids
-        )
+        grammar = self._request_grammar(spec)
         if spec.starts_after is not None:
             marker = self.tokenizer.encode(spec.starts_after, add_special_tokens=False)
             grammar = GatedGrammar(grammar, marker)
         grammar.accept(output_token_ids)
         return grammar
 
+    def _request_grammar(self, spec: StructuredOutputsParams) -> RequestGrammar:
+        matcher = _xgrammar().GrammarMatcher(self.compile(spec))
+        return RequestGrammar(matcher, self.vocab_size, self.stop_token_ids, spec.kind)
+
+
+def stop_mask(vocab_size: int, stop_token_ids: Sequence[int]) -> torch.Tensor:
+    """[words] int32: the bitmask that allows the stop tokens alone."""
+    mask = torch.zeros(bitmask_words(vocab_size), dtype=torch.int32)
+    for t in stop_token_ids:
+        mask[t // BITS_PER_WORD] |= _bit(t % BITS_PER_WORD)
+    return mask
+
 
 class RequestGrammar:
-    def __init__(self, matcher, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
-        self.matcher, self.vocab_size = matcher, vocab_size
+    """``kind``: the constraint's field (``StructuredOutputsParams.kind``), which ``failure`` names."""
+
+    def __init__(self, matcher, vocab_size: int, stop_token_ids: Sequence[int], kind: str) -> None:
+        self.matcher, self.vocab_size, self.kind = matcher, vocab_size, kind
         self.words = bitmask_words(vocab_size)
-        self.stop_only = torch.zeros(
-            self.words, dtype=torch.int32
-        )  # [words]: the stop tokens alone
-        for t in stop_token_ids:
-            self.stop_only[t // BITS_PER_WORD] |= _bit(t % BITS_PER_WORD)
+        self.stop_only = stop_mask(vocab_size, stop_token_ids)  # [words]
+        self.num_accepted = 0
+        self.failure: GrammarDeadEnd | None = None  # the dead end its committed tokens reached
 
     @property
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
 
     def accept(self, tokens: Sequence[int]) -> None:
-        """Accept committed tokens. A token the grammar forbids cannot have been committed (the target's
+        """Accept committed tokens. At a dead end the token committed (a stop token) is refused and recorded as
+        ``failure``; elsewhere a token the grammar forbids cannot have been committed (the target's
         distribution was masked): it is a bug, raised as one."""
-        for t in tokens:
-            if not self.matcher.accept_token(int(t)):
+        for t in tokens if self.failure is None else ():
+            if self.matcher.accept_token(int(t)):
+                self.num_accepted += 1
+            elif self.at_dead_end():
+                self.failure = GrammarDeadEnd(self.kind, self.num_accepted)
+                return
+            else:
                 raise RuntimeError(
                     f"the grammar refused committed token {t}: its mask was not applied"
                 )
+
+    def at_dead_end(self) -> bool:
+        """No token continues the grammar after its accepted tokens, and it has not ended."""
+        if self.matcher.is_terminated():
+            return False
+        mask = torch.zeros(1, self.words, dtype=torch.int32)
+        self.matcher.fill_next_token_bitmask(mask, 0)
+        return not mask.any()
 
     def fill_tree(self, tokens: Sequence[int], parents: Sequence[int], out: torch.Tensor) -> None:
         """``out`` [n, words] int32 (host): the bitmask at each node of a draft tree (node 0: the last
@@ -191,7 +247,14 @@ _INTERNALS = re.compile(r"\[[\d:]+\] \S+:\d+: |Check failed: \(.*?\) is false: "
 
 
 def _parser_message(e: Exception) -> str:
-    return _INTERNALS.sub("", str(e)).strip()[:500] or type(e).__name__
+    """xgrammar's message less its internals; where nothing is left (a check of its own failed), says so."""
+    message = _INTERNALS.sub("", str(e)).strip()[:500]
+    return message or "xgrammar failed an internal check on it (a simpler constraint may compile)"
+
+
+# Levels of lists and dicts a schema may nest: xgrammar's compile time grows as the cube of the depth (on the
+# CPU, 200 levels of "items" took 0.5 s, 800 took 25 s, 1,500 three minutes), and Python's json stops near 1,000.
+MAX_SCHEMA_DEPTH = 100
 
 
 def _parsed_schema(schema: str | dict) -> Any:
@@ -199,8 +262,24 @@ def _parsed_schema(schema: str | dict) -> Any:
         return schema
     try:
         return json.loads(schema)
+    except RecursionError:
+        raise _too_deep() from None
     except ValueError as e:
         raise ConstraintError("json", f"the schema is not valid JSON: {e}") from None
+
+
+def _check_depth(schema: Any) -> None:
+    """The schema nests at most ``MAX_SCHEMA_DEPTH`` levels (walked without recursion, however deep it is)."""
+    level, depth = [schema], 0
+    while level := [v for v in level if isinstance(v, (dict, list, tuple))]:
+        depth += 1
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _too_deep()
+        level = [child for v in level for child in (v.values() if isinstance(v, dict) else v)]
+
+
+def _too_deep() -> ConstraintError:
+    return ConstraintError("json", f"the schema nests more than {MAX_SCHEMA_DEPTH} levels deep")
 
 
 _DATA_KEYWORDS = ("enum", "const", "default", "examples")  # values there are data, not schemas
@@ -252,6 +331,10 @@ class GatedGrammar:
         self.inner, self.marker = inner, [int(t) for t in marker]
         self.open = False  # the marker is in the committed output
         self.tail: list[int] = []  # the committed output's last tokens, while not open
+
+    @property
+    def failure(self) -> GrammarDeadEnd | None:
+        return self.inner.failure
 
     def accept(self, tokens: Sequence[int]) -> None:
         if self.open:
