@@ -200,7 +200,12 @@ class SamplingFields(_Body):
         These fields are exclusive, as in vLLM."""
         given = []
         fmt = self.response_format
-        kind = None if fmt is None else fmt.get("type", "text")
+        kind = None if fmt is None else fmt.get("type")
+        if fmt is not None and kind is None:  # (OpenAI's and vLLM's ResponseFormat require it)
+            raise bad_request(
+                "response_format needs a type: text, json_object or json_schema",
+                "response_format.type",
+            )
         if kind not in (None, "text", "json_object", "json_schema"):
             raise unsupported(
                 f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
@@ -209,7 +214,11 @@ class SamplingFields(_Body):
         if kind == "json_object":
             given.append(("response_format", {"json_object": True}))
         if kind == "json_schema":
-            schema = (fmt.get("json_schema") or {}).get("schema")
+            described = fmt.get("json_schema")
+            if not isinstance(described, dict):
+                param = "response_format.json_schema"
+                raise bad_request(f"{param} must be an object holding the schema", param)
+            schema = described.get("schema")
             param = "response_format.json_schema.schema"
             if not isinstance(schema, dict):
                 raise bad_request(f"{param} must be a JSON schema object", param)

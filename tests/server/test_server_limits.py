@@ -157,6 +157,13 @@ BAD = [  # (endpoint, body, status, words the error must contain (message, param
     ("c", {"prompt": "x", "presence_penalty": 2.5}, 400, ["presence_penalty"]),
     ("c", {"prompt": "x", "logit_bias": {"five": 10}}, 400, ["logit_bias"]),
     ("c", {"prompt": "x", "response_format": {"type": "yaml"}}, 400, ["response_format", "yaml"]),
+    ("c", {"prompt": "x", "response_format": {}}, 400, ["response_format.type"]),
+    (
+        "c",
+        {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": "x"}},
+        400,
+        ["response_format.json_schema"],
+    ),
     ("c", {"prompt": "x", "model": "gpt-4"}, 404, ["model_not_found", "gpt-4"]),
     ("c", {"prompt": "x", "model": 7}, 400, ["model"]),
     ("h", {"messages": []}, 400, ["messages"]),
