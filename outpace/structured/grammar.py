@@ -160,9 +160,10 @@ class GrammarCompiler:
 
 
 def stop_mask(vocab_size: int, stop_token_ids: Sequence[int]) -> torch.Tensor:
-    """[words] int32: the bitmask that allows the stop tokens alone."""
+    """[words] int32: the bitmask that allows the stop tokens alone (an id past the vocabulary has no logit to allow:
+    a model's config may name an end-of-sequence id its head lacks)."""
     mask = torch.zeros(bitmask_words(vocab_size), dtype=torch.int32)
-    for t in stop_token_ids:
+    for t in (t for t in stop_token_ids if t < vocab_size):
         mask[t // BITS_PER_WORD] |= _bit(t % BITS_PER_WORD)
     return mask
 

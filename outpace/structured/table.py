@@ -8,6 +8,7 @@ admission, so this is a cache hit) from the output it already has, and dropped w
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -22,7 +23,12 @@ class GrammarTable:
     def __init__(self, compiler: GrammarCompiler) -> None:
         self.compiler = compiler
         self._of: dict[str, RequestGrammar] = {}
-        self._stop_only = stop_mask(compiler.vocab_size, compiler.stop_token_ids)  # [words]
+
+    @cached_property
+    def _stop_only(self) -> torch.Tensor:
+        """[words] int32: what a dead end allows (``tree_masks``), made by the first step with a constraint (not at
+        start-up: a model may name an end-of-sequence id its head lacks)."""
+        return stop_mask(self.compiler.vocab_size, self.compiler.stop_token_ids)
 
     def __len__(self) -> int:
         """Requests holding a grammar state (none once every constrained request has left its row)."""
