@@ -78,8 +78,8 @@ class Request:
     stop_reason: str | int | None = None
     error: str | None = None  # why the request failed (finish_reason "error")
     text: str = ""
-    # with params.stop: where a stop string may start ending (the text of the first min_tokens output tokens ends
-    # here; a stop string must end past it: engine.py ``_append_token``)
+    # with params.stop: the text searched for stop strings so far ends here (the first min_tokens output tokens'
+    # text is never searched); a stop string must end past it (engine.py ``_append_token``)
     stop_search_from: int = 0
     seed: int = 0  # the request's random stream (layers/sampler.py random_keys): params.seed, or drawn at admission
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))

@@ -539,14 +539,17 @@ class LLMEngine:
         num_output = num_tokens - len(req.prompt_token_ids)
         if p.stop and self.tokenizer is not None:
             self._detokenize_so_far(req)
-            if num_output <= p.min_tokens:  # (vLLM: stop strings count once the output is longer)
-                req.stop_search_from = len(req.text)
-            for s in p.stop if num_output > p.min_tokens else ():
+            # Only the new characters (and a stop string's length before them) are searched, as vLLM's
+            # check_stop_strings does: a long output costs each token its new text, not the whole text again.
+            for s in (
+                p.stop if num_output > p.min_tokens else ()
+            ):  # (vLLM: count once the output is longer)
                 at = req.text.find(s, max(0, req.stop_search_from - len(s) + 1))
                 if at >= 0:
                     req.text = req.text[: at + len(s) if p.include_stop_str_in_output else at]
                     req.finish_reason, req.stop_reason = "stop", s
                     return True
+            req.stop_search_from = len(req.text)
         if num_output >= p.max_tokens or num_tokens >= self.max_model_len:
             req.finish_reason = "length"
             return True

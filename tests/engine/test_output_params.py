@@ -8,6 +8,7 @@ import pytest
 
 from helpers.zoo_drafters import zoo_drafters, zoo_llm
 from outpace import LLM, SamplingParams
+from outpace.engine.engine import LLMEngine
 from outpace.sampling_params import StructuredOutputsParams
 from outpace.validation import ConfigError
 
@@ -115,6 +116,36 @@ def test_stop_strings_count_past_min_tokens_and_may_stay_in_the_text(plain_llm):
     late = plain_llm.generate(PROMPTS[0], params.replace(stop=(stop,), min_tokens=k))[0]
     assert late.text == text[: text.index(stop, len(prefixes[k]))]
     assert late.finish_reason == "stop" and late.stop_reason == stop
+
+
+def test_stop_strings_are_searched_in_the_new_text_alone(plain_llm, monkeypatch):
+    """Each token's search starts a stop string's length before the new characters (vLLM's check_stop_strings), so
+    a long output does not search its whole text again per token; a stop string spanning tokens is still found."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    text = plain_llm.generate(PROMPTS[0], params)[0].text
+    starts: list[
+        tuple[int, int]
+    ] = []  # per search: (where it starts, the text's length before the token)
+    seen: dict[str, int] = {}
+    append = LLMEngine._append_token
+
+    def spy(engine, req, token):
+        before = len(req.text)
+        stop = append(engine, req, token)
+        if req.params.stop and len(req.output_token_ids) > req.params.min_tokens:
+            starts.append((seen.get(req.request_id, 0), before))
+        seen[req.request_id] = req.stop_search_from
+        return stop
+
+    monkeypatch.setattr(LLMEngine, "_append_token", spy)
+    absent = "\x00never"
+    assert plain_llm.generate(PROMPTS[0], params.replace(stop=(absent,)))[0].text == text
+    assert len(starts) == 24 and all(start == before for start, before in starts[1:])
+    spanning = text[
+        len(text) // 2 - 3 : len(text) // 2 + 3
+    ]  # (six characters: most likely two tokens or more)
+    cut = plain_llm.generate(PROMPTS[0], params.replace(stop=(spanning,)))[0]
+    assert cut.text == text[: text.index(spanning)] and cut.stop_reason == spanning
 
 
 @pytest.mark.parametrize("drafter", ["eagle3-tree", "ngram"])
