@@ -54,6 +54,12 @@ def refuse(field: str, value, allowed: str) -> ConfigError:
     return ConfigError(f"ModelConfig.{field}={value!r} is not supported: must be {allowed}")
 
 
+def attention_bias_of(cfg: ModelConfig, prefix: str = "") -> bool:
+    """``attention_bias`` of ``cfg``'s config.json (``prefix``: where it sits, e.g. ``text_config.``): true or false,
+    another value (the string "false", read with bool() as true) refused naming the file and the field."""
+    return ConfigFields(cfg.raw, cfg.source, prefix).boolean("attention_bias", False)
+
+
 @dataclass(frozen=True)
 class LayerTypeRope:
     """One layer type's RoPE: ``theta`` and ``scaling`` (None or a rope_parameters dict with a rope_type
@@ -132,7 +138,7 @@ class Gemma3Config:
             # transformers' Gemma3ForConditionalGeneration.forward does not soft-cap its logits (its
             # text config's final_logit_softcapping is read by Gemma3ForCausalLM only)
             final_logit_softcapping=None if multimodal else raw.get("final_logit_softcapping"),
-            attention_bias=bool(raw.get("attention_bias", False)),
+            attention_bias=attention_bias_of(cfg),
             multimodal=multimodal,
         )
 

@@ -68,6 +68,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.gemma import (
     GemmaForCausalLMBase,
     LayerTypeRope,
+    attention_bias_of,
     gemma_layer_windows,
     layer_type,
     layer_type_ropes,
@@ -149,7 +150,7 @@ class Gemma4Config:
             ),
             layers=_layer_shapes(cfg),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
-            attention_bias=bool(raw.get("attention_bias", False)),
+            attention_bias=attention_bias_of(cfg),
             per_layer_size=0 if unified else int(raw.get("hidden_size_per_layer_input", 256) or 0),
             per_layer_vocab_size=int(raw.get("vocab_size_per_layer_input", 262_144)),
             moe=moe,

@@ -37,6 +37,7 @@ serving, not the weights, as ``embed_requires_grad`` and ``enable_sp_ulysses`` d
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,18 +175,13 @@ def _refuse_unimplemented(fields: ConfigFields) -> None:
     implement. (Read and honoured: the layer's shapes, rope_scaling, head_dim, attention_bias, mlp_bias,
     hidden_act and tie_word_embeddings through ModelConfig's Llama reading, draft_vocab_size,
     target_hidden_size, the aux ids, use_aux_norm / fc_norm, bias (fc's, as SGLang's llama_eagle3.py),
-    norm_before_residual, embed_scale and target_model_type. Harmless: model_type, which SpecForge and SGLang
-    never read for a LlamaForCausalLMEagle3 (SpecForge's phi4-mini-eagle3.json says phi3), and training
-    or serving settings such as initializer_range, use_cache, attention_dropout.)"""
+    norm_before_residual, embed_scale and target_model_type; eagle_config's keys: ``_refuse_eagle_config``.
+    Harmless: model_type, which SpecForge and SGLang never read for a LlamaForCausalLMEagle3 (SpecForge's
+    phi4-mini-eagle3.json says phi3), and training or serving settings such as initializer_range, use_cache,
+    attention_dropout.)"""
     eagle = fields.mapping("eagle_config")
-    # vLLM llama_eagle3.py LlamaModel: without aux hidden states there is no fc, and the draft reads the
-    # target's last hidden state as it is
-    if eagle is not None and not eagle.boolean("use_aux_hidden_state", True):
-        raise eagle.fail(
-            "use_aux_hidden_state",
-            False,
-            "true or absent (an EAGLE3 draft without aux hidden states is not implemented)",
-        )
+    if eagle is not None:
+        _refuse_eagle_config(eagle)
     refuse_quantized(fields, "EAGLE3")
     # vLLM llama_eagle3.py Eagle3LlamaForCausalLM: LogitsProcessor(draft_vocab_size, scale=logit_scale)
     scale = fields.number("logit_scale", 1.0)
@@ -193,6 +189,68 @@ def _refuse_unimplemented(fields: ConfigFields) -> None:
         raise fields.fail(
             "logit_scale", scale, "1.0 or absent (scaled draft logits are not implemented)"
         )
+
+
+# The keys of a draft config's ``eagle_config`` that change what the draft computes, each with the value that is what
+# ``Eagle3Draft`` computes and what another value would mean: another value is refused by name; null is the value.
+# - use_aux_hidden_state: SGLang (model_runner.py) and vLLM (llama_eagle3.py) read it, default true; false is an
+#   EAGLE-1 style draft without fc that reads the target's last hidden state as it is.
+# - NVIDIA ModelOpt writes the next four into every draft it exports (modelopt/torch/export/plugins/
+#   hf_spec_export.py export_spec_ckpt_config; meanings in modelopt/torch/speculative/eagle/default_config.py and
+#   plugins/modeling_eagle.py EagleModule): use_input_layernorm_in_first_layer (input_layernorm over the
+#   embedding), use_last_layernorm (``norm`` before the head; without it EagleModule has none), use_mtp_layernorm
+#   (Megatron EAGLE's extra MTP norms), parallel_draft_step (> 1: parallel draft heads after the layer).
+# - TensorRT-LLM tensorrt_llm/_torch/models/modeling_speculative.py Eagle3DraftModel reads norm_before_fc (an RMSNorm
+#   over the concatenated aux states before fc), eh_proj_before_attn (an MTP-style eh_proj of [enorm(embedding),
+#   hidden] before the layer) and return_hidden_post_norm (the post-norm hidden state fed back to the next step).
+EAGLE_CONFIG_NEUTRAL: dict[str, tuple[bool | int, str]] = {
+    "use_aux_hidden_state": (True, "an EAGLE3 draft without aux hidden states"),
+    "use_input_layernorm_in_first_layer": (True, "a layer without input_layernorm"),
+    "use_last_layernorm": (True, "a draft without the norm before its head"),
+    "use_mtp_layernorm": (False, "ModelOpt's MTP layernorms"),
+    "parallel_draft_step": (1, "parallel drafting"),
+    "norm_before_fc": (False, "a norm over the aux states before fc"),
+    "eh_proj_before_attn": (False, "an eh_proj before the layer"),
+    "return_hidden_post_norm": (False, "feeding back the post-norm hidden state"),
+}
+# The other eagle_config keys outpace knows, each with a value of its type (checked, any value loads): the aux ids
+# (read by ``_aux_layer_ids``), and keys that do not change what one decoder layer (the only count read) computes.
+# ModelOpt's export writes next_layer_regular (TensorRT-LLM Eagle3DecoderLayer: the layers after the first take
+# hidden_size inputs, not 2 * hidden_size) and parallel_draft_heads_num_layers (the depth of heads that exist only
+# with parallel_draft_step > 1); TensorRT-LLM's eh_proj_bias is the bias of an eh_proj refused above.
+EAGLE_CONFIG_INERT: dict[str, bool | int | None] = {
+    "eagle_aux_hidden_state_layer_ids": None,
+    "next_layer_regular": True,
+    "parallel_draft_heads_num_layers": 1,
+    "eh_proj_bias": False,
+}
+
+
+def _refuse_eagle_config(eagle: ConfigFields) -> None:
+    """Refuse an ``eagle_config`` key whose value changes what the draft computes, and a key outpace does not know:
+    ignored, it would be as silent as an unimplemented one (a misspelt aux ids key, another engine's switch)."""
+    for key in eagle.data:
+        if key in EAGLE_CONFIG_INERT:
+            _read_like(eagle, key, EAGLE_CONFIG_INERT[key])
+        elif key in EAGLE_CONFIG_NEUTRAL:
+            neutral, other = EAGLE_CONFIG_NEUTRAL[key]
+            value = _read_like(eagle, key, neutral)
+            if value != neutral:
+                raise eagle.fail(
+                    key, value, f"{json.dumps(neutral)} or absent ({other} is not implemented)"
+                )
+        else:
+            known = ", ".join([*EAGLE_CONFIG_NEUTRAL, *EAGLE_CONFIG_INERT])
+            raise eagle.fail(
+                key, eagle.get(key), f"absent (the eagle_config keys outpace reads: {known})"
+            )
+
+
+def _read_like(fields: ConfigFields, key: str, like: bool | int | None) -> bool | int | None:
+    """Field ``key`` checked to have the type of ``like`` (none checked for None), ``like`` when null."""
+    if isinstance(like, bool):
+        return fields.boolean(key, like)
+    return fields.integer(key, like) if isinstance(like, int) else fields.get(key)
 
 
 def refuse_quantized(fields: ConfigFields, kind: str) -> None:
@@ -545,9 +603,9 @@ def load_eagle3_draft(
             f"eagle_aux_hidden_state_layer_ids {written} capture the inputs of "
             f"layers {bad}, outside the target's [0, {tcfg.num_hidden_layers}]"
         )
-    if problems:
+    if problems:  # (each problem names the config.json field it contradicts)
         raise DraftMismatchError(
-            f"EAGLE3 draft {draft_dir} does not fit the target: " + "; ".join(problems)
+            f"{path}: the EAGLE3 draft does not fit the target: " + "; ".join(problems)
         )
     with default_dtype(dtype), torch.device(device):
         draft = Eagle3Draft(

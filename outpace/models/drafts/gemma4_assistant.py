@@ -46,7 +46,7 @@ from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig, errors_name_file
 from outpace.models.drafts.eagle3 import DraftMismatchError
-from outpace.models.gemma import layer_type, layer_type_ropes, refuse
+from outpace.models.gemma import attention_bias_of, layer_type, layer_type_ropes, refuse
 from outpace.models.gemma4 import (
     DEFAULT_ROPE_PARAMETERS,
     ROPE_TYPES,
@@ -227,7 +227,7 @@ class Gemma4Assistant(nn.Module):
                 for i in range(text.num_hidden_layers)
             ),
             final_logit_softcapping=None,
-            attention_bias=bool(text.raw.get("attention_bias", False)),
+            attention_bias=attention_bias_of(text, "text_config."),
             per_layer_size=0,
             per_layer_vocab_size=0,
             moe=None,

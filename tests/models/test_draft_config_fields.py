@@ -1,0 +1,182 @@
+"""Draft and Gemma config fields are refused by name, the config.json and the field: an EAGLE3 draft that does not
+fit its target names its config.json (it named the directory); an ``eagle_config`` key outpace does not implement,
+or a value of a known one that changes what the draft computes, is refused rather than ignored, while the keys
+published drafts carry with the values outpace computes (ModelOpt's export) load; Gemma 3, Gemma 4 and the Gemma 4
+assistant refuse an ``attention_bias`` that is not a JSON bool (``bool("false")`` gave biases)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
+from helpers.gemma_sampling import GEMMA4_TINY, VOCAB, make_tiny_gemma
+from helpers.hf_models import save_hf_model
+from outpace.model_config import ModelConfig
+from outpace.models.drafts.eagle3 import DraftMismatchError, Eagle3Config, load_eagle3_draft
+from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
+from outpace.models.loader import load_model
+from outpace.registry import model_class
+from outpace.validation import ConfigError
+
+ZOO = Path(__file__).resolve().parents[2] / "zoo"
+SOURCE = "draft/config.json"
+
+
+@pytest.fixture(scope="module")
+def tinypy():
+    return load_model(ZOO / "tinypy", torch.float32, progress=False)
+
+
+def eagle3_draft(tmp_path: Path, edit) -> Path:
+    """A copy of zoo/tinypy-eagle3 whose config.json dict ``edit`` changes in place."""
+    out = tmp_path / "tinypy-eagle3"
+    shutil.copytree(ZOO / "tinypy-eagle3", out)
+    cfg = json.loads((out / "config.json").read_text())
+    edit(cfg)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_a_draft_that_does_not_fit_names_its_config_file_and_field(tmp_path, tinypy):
+    d = eagle3_draft(tmp_path, lambda c: c.update(target_hidden_size=2 * c["hidden_size"]))
+    with pytest.raises(DraftMismatchError) as error:
+        load_eagle3_draft(d, tinypy, torch.float32, "cpu")
+    message = str(error.value)
+    assert message.startswith(f"{d / 'config.json'}: "), message
+    assert "target_hidden_size 512 != target hidden_size 256" in message, message
+
+
+def zoo_eagle3(**eagle_config) -> dict:
+    cfg = json.loads((ZOO / "tinypy-eagle3" / "config.json").read_text())
+    cfg["eagle_config"].update(eagle_config)
+    return cfg
+
+
+EAGLE_CONFIG_REFUSED = [
+    # unknown keys: a misspelt aux ids key, and another reader's switch (TensorRT-LLM's Eagle3DraftModel)
+    ("aux_hidden_state_layer_ids", [1, 3, 5]),
+    ("norm_before_fc", True),
+    ("eh_proj_before_attn", True),
+    ("return_hidden_post_norm", True),
+    # ModelOpt's keys, at a value that is not what outpace computes
+    ("use_input_layernorm_in_first_layer", False),
+    ("use_last_layernorm", False),
+    ("use_mtp_layernorm", True),
+    ("parallel_draft_step", 2),
+    ("use_aux_hidden_state", False),
+    # known keys of the wrong type
+    ("use_last_layernorm", "true"),
+    ("next_layer_regular", "yes"),
+    ("parallel_draft_heads_num_layers", "1"),
+]
+
+
+@pytest.mark.parametrize(
+    "key, value", EAGLE_CONFIG_REFUSED, ids=[f"{k}={v!r}" for k, v in EAGLE_CONFIG_REFUSED]
+)
+def test_eagle_config_keys_outpace_does_not_implement_are_refused_by_name(key, value):
+    with pytest.raises(ConfigError) as error:
+        Eagle3Config.from_dict(zoo_eagle3(**{key: value}), SOURCE)
+    message = str(error.value)
+    assert message.startswith(f"{SOURCE}: field 'eagle_config.{key}'"), message
+    assert repr(value) in message, message
+
+
+# NVIDIA ModelOpt's export (modelopt/torch/export/plugins/hf_spec_export.py export_spec_ckpt_config) of an EAGLE3
+# Llama draft: every key it writes, at the values of an EAGLE3 draft; a key its model lacks is written null
+MODELOPT_EAGLE_CONFIG = {
+    "eagle_aux_hidden_state_layer_ids": [1, 3, 5],
+    "use_aux_hidden_state": True,
+    "use_input_layernorm_in_first_layer": True,
+    "use_last_layernorm": True,
+    "use_mtp_layernorm": False,
+    "next_layer_regular": True,
+    "parallel_draft_step": 1,
+    "parallel_draft_heads_num_layers": 1,
+}
+
+
+@pytest.mark.parametrize("nulls", [False, True], ids=["values", "nulls"])
+def test_modelopt_exported_eagle_config_loads(tmp_path, tinypy, nulls):
+    eagle = dict(MODELOPT_EAGLE_CONFIG)
+    if nulls:
+        eagle.update({k: None for k in eagle if k != "eagle_aux_hidden_state_layer_ids"})
+    draft = load_eagle3_draft(
+        eagle3_draft(tmp_path, lambda c: c.update(eagle_config=eagle)), tinypy, torch.float32, "cpu"
+    )
+    assert draft.config.aux_layer_ids == (1, 3, 5)
+
+
+def gemma_config(family: str, **fields) -> dict:
+    if family == "gemma3":
+        written = transformers.Gemma3TextConfig(**GEMMA3_TEXT).to_dict()
+        return {**written, "architectures": ["Gemma3ForCausalLM"], **fields}
+    written = transformers.Gemma4TextConfig(**GEMMA4_TEXT).to_dict()
+    return {**written, "architectures": ["Gemma4ForCausalLM"], **fields}
+
+
+def build(cfg: dict):
+    model_cfg = ModelConfig.from_dict(cfg, SOURCE)
+    with torch.device("meta"):
+        return model_class(model_cfg.architecture)(model_cfg)
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+@pytest.mark.parametrize("value", ["false", 0, "yes"])
+def test_gemma_attention_bias_not_a_bool_is_refused_by_name(family, value):
+    with pytest.raises(ConfigError) as error:
+        build(gemma_config(family, attention_bias=value))
+    message = str(error.value)
+    assert message.startswith(f"{SOURCE}: field 'attention_bias' must be true or false"), message
+    assert repr(value) in message, message
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma4"])
+def test_gemma_attention_bias_true_false_and_null_build(family):
+    def biases(value) -> int:
+        model = build(gemma_config(family, attention_bias=value))
+        return sum(name.endswith("q_proj.bias") for name, _ in model.named_parameters())
+
+    assert biases(None) == biases(False) == 0
+    assert biases(True) == GEMMA3_TEXT["num_hidden_layers"]
+
+
+def test_gemma4_assistant_attention_bias_not_a_bool_is_refused_by_name(tmp_path):
+    _, target_dir = make_tiny_gemma("gemma4", tmp_path / "target")
+    target = load_model(target_dir, torch.float32, progress=False)
+    text = transformers.Gemma4TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=GEMMA4_TINY["num_key_value_heads"],
+        head_dim=GEMMA4_TINY["head_dim"],
+        global_head_dim=GEMMA4_TINY["global_head_dim"],
+        max_position_embeddings=128,
+        sliding_window=GEMMA4_TINY["sliding_window"],
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters=GEMMA4_TINY["rope_parameters"],
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0,
+    )
+    config = transformers.Gemma4AssistantConfig(
+        text_config=text, backbone_hidden_size=GEMMA4_TINY["hidden_size"]
+    )
+    draft_dir = save_hf_model(
+        transformers.Gemma4AssistantForCausalLM(config), tmp_path / "assistant"
+    )
+    load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")  # as written, it loads
+    path = draft_dir / "config.json"
+    cfg = json.loads(path.read_text())
+    cfg["text_config"]["attention_bias"] = "false"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as error:
+        load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")
+    message = str(error.value)
+    assert message.startswith(f"{path}: field 'text_config.attention_bias' must be true or false")
+    assert "'false'" in message, message
