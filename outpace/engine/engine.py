@@ -145,7 +145,7 @@ class LLMEngine:
         self.pool = provisional_pool(config, max_pos)
         backend = resolve_backend_name(config.attention_backend, config.device)
         self.proposer, shapes, lookahead = build_proposer(
-            config, self.model, self.pool, dtype, backend
+            config, self.model, self.pool, dtype, backend, max_pos
         )
         # NOTE: with speculation the lookahead + 1 rows after a request's last token are kept for its drafts,
         # also past the end of the context (rotary tables cover POSITIONS_PAST_CONTEXT more positions).

@@ -18,7 +18,8 @@ more blocks than ``max_num_seqs`` requests of the longest context fill.
 With tensor parallelism every rank takes the smallest count any rank found (their schedules must agree).
 
 Before any of this, ``refuse_too_many_seqs`` refuses a ``max_num_seqs`` whose per-sequence rows, allocated at
-start-up whether requests come or not, cannot fit in memory.
+start-up whether requests come or not, cannot fit in memory: the block-table rows before the weights load, a hybrid
+target's recurrent state once the target is built, and with the drafter's rows once it is built (engine/start_up.py).
 """
 
 from __future__ import annotations
@@ -51,24 +52,30 @@ ROW_LIST_BYTES = 2 * 8 + 32
 class SequenceRows:
     """What the engine allocates at start-up for each of ``max_num_seqs`` sequences and one padding row, before
     any request comes: a block-table row of ``table_blocks`` int64 entries, kept on the host and on the device
-    (engine/request_table.py), its fixed fields, and ``state_bytes`` of recurrent state with its verify
-    snapshots on the device (hybrid targets: cache/recurrent_states.py). A bound from below: the drafter's
-    rows (speculative/drafters/) and a hybrid's state checkpoints come on top."""
+    (engine/request_table.py), its fixed fields, ``state_bytes`` of recurrent state with its verify snapshots on
+    the device (hybrid targets: cache/recurrent_states.py) and ``drafter_bytes`` of the drafter's rows on the
+    device (``drafter_row_bytes``). A bound from below: a recurrent draft's verify snapshots, a hybrid's state
+    checkpoints and the rows a step run ahead saves come on top."""
 
     table_blocks: int
     state_bytes: int = 0
+    drafter_bytes: int = 0
 
     @property
     def device_bytes(self) -> int:
-        return self.table_blocks * 8 + ROW_FIELDS_BYTES + self.state_bytes
+        return self.table_blocks * 8 + ROW_FIELDS_BYTES + self.state_bytes + self.drafter_bytes
 
     @property
     def host_bytes(self) -> int:
         return self.table_blocks * 8 + ROW_LIST_BYTES
 
     def describe(self) -> str:
-        state = f" and {_size(self.state_bytes)} of recurrent state" if self.state_bytes else ""
-        return f"a block-table row of {self.table_blocks} blocks{state}"
+        parts = [f"a block-table row of {self.table_blocks} blocks"]
+        if self.state_bytes:
+            parts.append(f"{_size(self.state_bytes)} of recurrent state")
+        if self.drafter_bytes:
+            parts.append(f"{_size(self.drafter_bytes)} of the drafter's rows")
+        return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
 
 
 def _size(num_bytes: int) -> str:
@@ -91,10 +98,24 @@ def recurrent_state_bytes(stack: torch.nn.Module, verify_rows: int, dtype: torch
     return state * (1 + verify_rows)
 
 
-def _row_limits(config: EngineConfig, rows: SequenceRows) -> list[tuple[int, int, str]]:
+def drafter_row_bytes(proposer) -> int:
+    """One sequence's row of every per-request buffer of the drafter (``Proposer.state()``, each indexed by request
+    row first: the target's pending hidden states, a recurrent draft's state, an n-gram history)."""
+    return sum(t.nbytes // t.shape[0] for t in proposer.state())
+
+
+def available_ram() -> int:
+    """The RAM available now (``MemAvailable``): taken before rows are allocated, what ``refuse_too_many_seqs``
+    counts them against."""
+    return _available_ram()
+
+
+def _row_limits(
+    config: EngineConfig, rows: SequenceRows, ram: int | None
+) -> list[tuple[int, int, str]]:
     """(a sequence's bytes, the memory they must fit in, what that memory is) per kind of memory: on CUDA the
     device's share the engine may use and the RAM available; on the CPU the RAM available for both."""
-    ram, where = _available_ram(), "the RAM available"
+    ram, where = _available_ram() if ram is None else ram, "the RAM available"
     if not config.device.startswith("cuda"):
         return [(rows.device_bytes + rows.host_bytes, ram, where)]
     total = torch.cuda.mem_get_info(torch.device(config.device))[1]
@@ -105,12 +126,13 @@ def _row_limits(config: EngineConfig, rows: SequenceRows) -> list[tuple[int, int
     return [(rows.device_bytes, int(total * (share or 1.0)), gpu), (rows.host_bytes, ram, where)]
 
 
-def refuse_too_many_seqs(config: EngineConfig, rows: SequenceRows) -> None:
+def refuse_too_many_seqs(config: EngineConfig, rows: SequenceRows, ram: int | None = None) -> None:
     """Refuse, naming the numbers, a ``max_num_seqs`` whose sequences' ``rows`` (and the padding row's) cannot
     fit in memory, before any is allocated (else the allocator fails deep in start-up, or the OOM killer ends the
-    process). Only what cannot fit even in otherwise empty memory is refused: no size that can serve."""
+    process). Only what cannot fit even in otherwise empty memory is refused: no size that can serve. ``ram``: the
+    RAM available before some of ``rows`` were allocated (``available_ram`` then; None: now)."""
     n = config.max_num_seqs + 1
-    for per_row, budget, where in _row_limits(config, rows):
+    for per_row, budget, where in _row_limits(config, rows, ram):
         if n * per_row > budget:
             raise ConfigError(
                 f"EngineConfig.max_num_seqs={config.max_num_seqs} is invalid: the engine allocates "

@@ -31,6 +31,8 @@ from outpace.engine.memory import (
     MemoryPlan,
     SequenceRows,
     agree_across_ranks,
+    available_ram,
+    drafter_row_bytes,
     plan_kv_pool,
     recurrent_state_bytes,
     refuse_too_many_seqs,
@@ -264,18 +266,41 @@ def provisional_pool(config: EngineConfig, max_pos: int) -> BlockPool:
     return BlockPool(blocks, config.block_size)
 
 
+def refuse_too_many_rows(
+    config: EngineConfig,
+    model: torch.nn.Module,
+    max_pos: int,
+    dtype: torch.dtype,
+    proposer: Proposer,
+    shapes: tuple[DraftShape, ...],
+    ram: int,
+) -> None:
+    """``refuse_too_many_seqs`` once the drafter is built, before the request table and a hybrid target's state
+    rows are allocated: each sequence's block-table row with the rows its drafts reserve, the target's recurrent
+    state and the drafter's rows (``drafter_row_bytes``), on the CPU against ``ram``, the RAM available before the
+    drafter was built (its rows, allocated already, count as they do on the GPU)."""
+    reserved = proposer.lookahead + 1  # (as LLMEngine._build reserves them)
+    blocks = -(-request_rows(config, max_pos, reserved) // config.block_size)
+    state = recurrent_state_bytes(model.model, shapes[-1].num_nodes, dtype)
+    rows = SequenceRows(blocks, state, drafter_row_bytes(proposer))
+    refuse_too_many_seqs(config, rows, ram)
+
+
 def build_proposer(
     config: EngineConfig,
     model: torch.nn.Module,
     pool: BlockPool,
     dtype: torch.dtype,
     backend: str,
+    max_pos: int,
 ) -> tuple[Proposer | None, tuple[DraftShape, ...], int]:
     """The proposer (None without speculation), the draft shapes it may draft and its lookahead (the rows
-    its drafts reach past a request's last token); the target is told which hidden states to keep for it."""
+    its drafts reach past a request's last token); the target is told which hidden states to keep for it.
+    Refused when every sequence's rows, the drafter's counted, cannot fit (``refuse_too_many_rows``)."""
     spec = config.speculative
     if not spec.enabled:
         return None, (DraftShape(0),), 0
+    ram = available_ram()  # (before the drafter's weights and rows)
     proposer = proposer_class(spec.method)(
         spec,
         model,
@@ -293,6 +318,7 @@ def build_proposer(
             f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
             f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported"
         )
+    refuse_too_many_rows(config, model, max_pos, dtype, proposer, shapes, ram)
     return proposer, shapes, lookahead
 
 

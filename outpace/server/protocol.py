@@ -29,6 +29,7 @@ from pydantic import (
 
 from outpace.chat_messages import MessageError, template_messages
 from outpace.sampling_params import MAX_LOGPROBS, StructuredOutputsParams
+from outpace.structured.grammar import GrammarDeadEnd
 from outpace.validation import ConfigError
 
 MAX_SEED = 2**63 - 1
@@ -248,6 +249,20 @@ class SamplingFields(_Body):
         """The field to name when the constraint does not compile."""
         source = self.constraint_source()
         return None if source is None else source[0]
+
+    def name_constraint(self, message: str) -> str:
+        """An engine failure's ``message`` naming the constraint by the field this request gave it: the engine
+        names a grammar's dead end (structured/grammar.py ``GrammarDeadEnd``) ``structured_outputs.<kind>``,
+        whichever field (``constraint_source``) set it, ``guided_regex`` or ``response_format`` too."""
+        source = self.constraint_source()
+        if source is None:
+            return message
+        param, kwargs = source
+        (kind,) = kwargs  # (the one StructuredOutputsParams field the constraint sets)
+        dead_end = GrammarDeadEnd.__name__  # (the engine's failure says "<type>: <message>")
+        return message.replace(
+            f"{dead_end}: structured_outputs.{kind} ", f"{dead_end}: {param} ", 1
+        )
 
     def constraint(self) -> StructuredOutputsParams | None:
         """The output's constraint, from whichever field gives it (``constraint_source``)."""

@@ -74,6 +74,13 @@ class GenerationResponse(Response):
             await self.background()
 
 
+def _engine_error(job: Job, e: EngineError) -> dict:
+    """The 500 body of an engine failure; a grammar's dead end names the field the request constrained its
+    output with (protocol.py ``name_constraint``)."""
+    message = job.body.name_constraint(str(e))
+    return APIError(500, message, code="engine_error", type="server_error").to_dict()
+
+
 def json_producer(job: Job, stream: GenerationStream):
     async def produce(send: Send) -> None:
         outputs: list[RequestOutput | None] = [None] * len(stream.requests)
@@ -82,8 +89,7 @@ def json_producer(job: Job, stream: GenerationStream):
                 if out.finished:
                     outputs[index] = out
         except EngineError as e:
-            err = APIError(500, str(e), code="engine_error", type="server_error")
-            return await send_json(send, 500, err.to_dict())
+            return await send_json(send, 500, _engine_error(job, e))
         await send_json(send, 200, job.response(outputs))
 
     return produce
@@ -194,7 +200,7 @@ async def events(job: Job, stream: GenerationStream) -> AsyncIterator[bytes]:
                     )
                 )
     except EngineError as e:
-        yield sse(APIError(500, str(e), code="engine_error", type="server_error").to_dict())
+        yield sse(_engine_error(job, e))
         yield b"data: [DONE]\n\n"
         return
     except Exception as e:  # noqa: BLE001 - a fault of ours: the client still reads an error and [DONE], as vLLM's

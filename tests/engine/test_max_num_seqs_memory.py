@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from outpace import LLM
-from outpace.config import EngineConfig
+from outpace.config import EngineConfig, SpeculativeConfig
 from outpace.engine import memory
 from outpace.engine.memory import SequenceRows, refuse_too_many_seqs
 from outpace.engine.start_up import check_before_loading
@@ -67,6 +67,33 @@ def test_a_hybrids_recurrent_state_past_the_ram_is_refused_before_it_is_allocate
         r"the RAM available \(100.0 MiB\): at most \d+ sequences fit",
     ):
         LLM(HYBRID, device="cpu", max_num_seqs=2000)
+
+
+def test_the_drafters_rows_count_once_it_is_built(ram, monkeypatch):
+    """An n-gram drafter keeps each sequence's tokens ((2048 + 4) int64: 16.0 KiB, eight block-table rows): 3000
+    sequences' block tables fit in 32 MiB, with their histories they do not. Refused once the drafter is built,
+    before the request table is allocated; the count it names starts, one more does not."""
+    ram(32 * MiB)
+    spec = SpeculativeConfig("ngram", num_steps=3)
+    with pytest.raises(ConfigError) as refused:
+        LLM(ZOO, device="cpu", max_num_seqs=3000, speculative=spec)
+    message = str(refused.value)
+    assert re.match(
+        r"EngineConfig.max_num_seqs=3000 is invalid: the engine allocates a block-table row of 129 blocks "
+        r"and 16.0 KiB of the drafter's rows for each sequence at start-up, 18.2 KiB a sequence, 53.2 MiB "
+        r"for 3001 rows \(one for padding\), more than the RAM available \(32.0 MiB\): at most \d+ "
+        r"sequences fit$",
+        message,
+    ), message
+    most = int(re.search(r"at most (\d+) sequences fit", message).group(1))
+    llm = LLM(ZOO, device="cpu", max_num_seqs=most, speculative=spec)
+    assert llm.generate([[1, 2, 3]])[0].token_ids
+    llm.close()
+    monkeypatch.setattr(
+        "outpace.engine.runner.RequestTable", lambda *a, **k: pytest.fail("request table built")
+    )
+    with pytest.raises(ConfigError, match=f"max_num_seqs={most + 1} is invalid"):
+        LLM(ZOO, device="cpu", max_num_seqs=most + 1, speculative=spec)
 
 
 def cuda_config(max_num_seqs: int) -> EngineConfig:

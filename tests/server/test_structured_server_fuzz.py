@@ -6,6 +6,7 @@ is left holding nothing. Also ``build_app`` refuses a ``log_interval`` that woul
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from pathlib import Path
 
@@ -64,11 +65,12 @@ GOOD = [
     ("d = ", {"response_format": {"type": "json_object"}}),
     ("n = ", {"guided_regex": "[0-9]{2,6}", "best_of": 3, "temperature": 1.0, "seed": 7}),
 ]
-DEAD_END = {"guided_regex": "ab[^\\x00-\\U0010FFFF]"}  # no token continues it after "ab"
+_NO_CHARACTER = "[^\\x00-\\U0010FFFF]"  # a class no character is in
+DEAD_END = {"guided_regex": "ab" + _NO_CHARACTER}  # no token continues it after "ab"
 
 
-@pytest.fixture(scope="module")
-def app():
+@pytest.fixture
+def app():  # (one per test: a served app stops its engine when it stops)
     spec = SpeculativeConfig("eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3)
     config = EngineConfig(
         str(ZOO / "tinypy"), device="cpu", max_num_seqs=8, num_kv_blocks=128, speculative=spec
@@ -106,10 +108,54 @@ def test_bad_constraints_among_good_requests(app):
         assert ".cc:" not in error["message"] and "Check failed" not in error["message"]
     dead = answers[-1]
     assert dead.status_code == 500, dead.text
-    assert "structured_outputs.regex allows no token after" in dead.json()["error"]["message"]
+    assert "guided_regex allows no token after" in dead.json()["error"]["message"]
     assert health["num_requests_unfinished"] == 0
     assert health["kv_blocks_free"] == health["kv_blocks_total"]
     assert len(app.state.engine.engine.grammars) == 0
+
+
+_DEAD_STRING = {
+    "type": "string",
+    "pattern": "ab[^\\s\\S]",
+}  # (the same in a schema's ECMA-262 pattern)
+
+
+# (a constraint in each field that takes one, the field a dead end's message names)
+DEAD_ENDS = [
+    (DEAD_END, "guided_regex"),
+    ({"structured_outputs": {"regex": "ab" + _NO_CHARACTER}}, "structured_outputs.regex"),
+    ({"guided_json": _DEAD_STRING}, "guided_json"),
+    ({"guided_grammar": f'root ::= "ab" {_NO_CHARACTER}'}, "guided_grammar"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": _DEAD_STRING}}},
+        "response_format.json_schema.schema",
+    ),
+]
+
+
+def _error(response: httpx.Response, stream: bool) -> dict:
+    """The error a failed request answers with: a 500's body, or a stream's error event (before ``[DONE]``)."""
+    if not stream:
+        assert response.status_code == 500, response.text
+        return response.json()["error"]
+    events = [e[len("data: ") :] for e in response.text.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]", response.text
+    return json.loads(events[-2])["error"]
+
+
+def test_a_dead_end_names_the_field_the_request_used(app):
+    """A grammar's dead end fails its request with a message naming the field that set the constraint (it named
+    ``structured_outputs.<kind>`` whatever the field), in a JSON answer and in a stream's error event."""
+    cases = [(c, param, stream) for c, param in DEAD_ENDS for stream in (False, True)]
+    bodies = [{**_body("x = ", c), "stream": stream} for c, _, stream in cases]
+    with in_thread(app) as url:
+        answers = asyncio.run(_post_all(url, bodies))
+    for response, (constraint, param, stream) in zip(answers, cases):
+        error = _error(response, stream)
+        assert f"GrammarDeadEnd: {param} allows no token after" in error["message"], (
+            constraint,
+            error,
+        )
 
 
 @pytest.mark.parametrize("value", [math.inf, math.nan, -1.0, 0, True])
