@@ -54,10 +54,11 @@ def refuse(field: str, value, allowed: str) -> ConfigError:
     return ConfigError(f"ModelConfig.{field}={value!r} is not supported: must be {allowed}")
 
 
-def attention_bias_of(cfg: ModelConfig, prefix: str = "") -> bool:
-    """``attention_bias`` of ``cfg``'s config.json (``prefix``: where it sits, e.g. ``text_config.``): true or false,
-    another value (the string "false", read with bool() as true) refused naming the file and the field."""
-    return ConfigFields(cfg.raw, cfg.source, prefix).boolean("attention_bias", False)
+def config_flag(cfg: ModelConfig, name: str, prefix: str = "") -> bool:
+    """The switch ``name`` of ``cfg``'s config.json (``prefix``: where it sits, e.g. ``text_config.``): true or false,
+    absent or null false; another value (the string "false", which bool() reads as true) refused naming the file
+    and the field."""
+    return ConfigFields(cfg.raw, cfg.source, prefix).boolean(name, False)
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Gemma3Config:
             # transformers' Gemma3ForConditionalGeneration.forward does not soft-cap its logits (its
             # text config's final_logit_softcapping is read by Gemma3ForCausalLM only)
             final_logit_softcapping=None if multimodal else raw.get("final_logit_softcapping"),
-            attention_bias=attention_bias_of(cfg),
+            attention_bias=config_flag(cfg, "attention_bias"),
             multimodal=multimodal,
         )
 

@@ -68,7 +68,7 @@ from outpace.model_config import ModelConfig
 from outpace.models.gemma import (
     GemmaForCausalLMBase,
     LayerTypeRope,
-    attention_bias_of,
+    config_flag,
     gemma_layer_windows,
     layer_type,
     layer_type_ropes,
@@ -142,7 +142,7 @@ class Gemma4Config:
                 "None or 'vision' (outpace decodes text causally)",
             )
         moe = None
-        if raw.get("enable_moe_block"):
+        if config_flag(cfg, "enable_moe_block"):
             moe = Gemma4Moe(raw["num_experts"], raw["top_k_experts"], raw["moe_intermediate_size"])
         return cls(
             ropes=layer_type_ropes(
@@ -150,7 +150,7 @@ class Gemma4Config:
             ),
             layers=_layer_shapes(cfg),
             final_logit_softcapping=raw.get("final_logit_softcapping"),
-            attention_bias=attention_bias_of(cfg),
+            attention_bias=config_flag(cfg, "attention_bias"),
             per_layer_size=0 if unified else int(raw.get("hidden_size_per_layer_input", 256) or 0),
             per_layer_vocab_size=int(raw.get("vocab_size_per_layer_input", 262_144)),
             moe=moe,
@@ -174,7 +174,7 @@ def _layer_overrides(cfg: ModelConfig) -> dict[int, dict]:
                 )
         return overrides
     full = {"head_dim": raw.get("global_head_dim", 512)}
-    if raw.get("attention_k_eq_v", False) and raw.get("num_global_key_value_heads") is not None:
+    if config_flag(cfg, "attention_k_eq_v") and raw.get("num_global_key_value_heads") is not None:
         full["num_key_value_heads"] = raw["num_global_key_value_heads"]
     return {i: full for i in range(cfg.num_hidden_layers) if layer_type(cfg, i) == "full_attention"}
 
@@ -189,6 +189,10 @@ def _layer_shapes(cfg: ModelConfig) -> tuple[LayerShape, ...]:
     producers = {
         t: max((i for i in range(first_shared) if types[i] == t), default=None) for t in set(types)
     }
+    k_eq_v, double_wide = (
+        config_flag(cfg, "attention_k_eq_v"),
+        config_flag(cfg, "use_double_wide_mlp"),
+    )
     shapes = []
     for i, t in enumerate(types):
         producer = producers[t] if i >= first_shared else None
@@ -203,10 +207,9 @@ def _layer_shapes(cfg: ModelConfig) -> tuple[LayerShape, ...]:
             LayerShape(
                 head_dim=o.get("head_dim", cfg.head_dim),
                 num_kv_heads=o.get("num_key_value_heads", cfg.num_key_value_heads),
-                k_eq_v=bool(raw.get("attention_k_eq_v", False)) and t == "full_attention",
+                k_eq_v=k_eq_v and t == "full_attention",
                 producer=producer,
-                double_wide_mlp=bool(raw.get("use_double_wide_mlp", False))
-                and producer is not None,
+                double_wide_mlp=double_wide and producer is not None,
             )
         )
     return tuple(shapes)

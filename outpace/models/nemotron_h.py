@@ -105,6 +105,9 @@ DEFAULTS = dict(
     moe_latent_size=None,
     mamba_ssm_cache_dtype="float32",
 )
+# the switches the blocks read with bool(): a JSON bool or null (false, as transformers' truth tests read it); a
+# string there ("false") was taken as true
+SWITCHES = ("mlp_bias", "use_conv_bias", "use_bias", "norm_topk_prob")
 
 
 def block_types(raw: dict) -> tuple[str, ...]:
@@ -411,6 +414,8 @@ class NemotronHForCausalLM(nn.Module, ConfigHooks):
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         # transformers' NemotronHConfig derives the layer count from its pattern and does not save it
         pattern = cfg.strings("layers_block_type") or cfg.string("hybrid_override_pattern", "")
+        for name in SWITCHES:
+            cfg.boolean(name, False)  # refused by name unless true, false or null
         return {"num_hidden_layers": cfg.integer("num_hidden_layers", len(pattern))}
 
     def __init__(self, cfg: ModelConfig, mtp_own_heads: bool = False) -> None:

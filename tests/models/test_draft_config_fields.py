@@ -1,8 +1,9 @@
-"""Draft and Gemma config fields are refused by name, the config.json and the field: an EAGLE3 draft that does not
-fit its target names its config.json (it named the directory); an ``eagle_config`` key outpace does not implement,
-or a value of a known one that changes what the draft computes, is refused rather than ignored, while the keys
-published drafts carry with the values outpace computes (ModelOpt's export) load; Gemma 3, Gemma 4 and the Gemma 4
-assistant refuse an ``attention_bias`` that is not a JSON bool (``bool("false")`` gave biases)."""
+"""Draft and Gemma config fields are refused by name, the config.json and the field: an EAGLE3, DFlash or Gemma 4
+assistant draft that does not fit its target names its config.json (they named the directory, or nothing) and the
+field, a DFlash draft without fc.weight its weight file; an ``eagle_config`` key outpace does not implement, or a
+value of a known one that changes what the draft computes, is refused rather than ignored, while the keys published
+drafts carry with the values outpace computes (ModelOpt's export) load; Gemma 3, Gemma 4 and the Gemma 4 assistant
+refuse an ``attention_bias`` that is not a JSON bool (``bool("false")`` gave biases)."""
 
 import json
 import shutil
@@ -11,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from safetensors.torch import load_file, save_file
 
 from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
 from helpers.gemma_sampling import GEMMA4_TINY, VOCAB, make_tiny_gemma
 from helpers.hf_models import save_hf_model
 from outpace.model_config import ModelConfig
+from outpace.models.drafts.dflash import load_dflash_draft
 from outpace.models.drafts.eagle3 import DraftMismatchError, Eagle3Config, load_eagle3_draft
 from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.models.loader import load_model
@@ -145,7 +148,8 @@ def test_gemma_attention_bias_true_false_and_null_build(family):
     assert biases(True) == GEMMA3_TEXT["num_hidden_layers"]
 
 
-def test_gemma4_assistant_attention_bias_not_a_bool_is_refused_by_name(tmp_path):
+def tiny_assistant(tmp_path: Path):
+    """A tiny Gemma 4 target, loaded, and the directory of an assistant written by transformers that fits it."""
     _, target_dir = make_tiny_gemma("gemma4", tmp_path / "target")
     target = load_model(target_dir, torch.float32, progress=False)
     text = transformers.Gemma4TextConfig(
@@ -171,12 +175,121 @@ def test_gemma4_assistant_attention_bias_not_a_bool_is_refused_by_name(tmp_path)
         transformers.Gemma4AssistantForCausalLM(config), tmp_path / "assistant"
     )
     load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")  # as written, it loads
+    return target, draft_dir
+
+
+def edit_config(draft_dir: Path, edit) -> Path:
+    """Change ``draft_dir``'s config.json dict in place with ``edit``; its path."""
     path = draft_dir / "config.json"
     cfg = json.loads(path.read_text())
-    cfg["text_config"]["attention_bias"] = "false"
+    edit(cfg)
     path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_gemma4_assistant_attention_bias_not_a_bool_is_refused_by_name(tmp_path):
+    target, draft_dir = tiny_assistant(tmp_path)
+    path = edit_config(draft_dir, lambda c: c["text_config"].update(attention_bias="false"))
     with pytest.raises(ConfigError) as error:
         load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")
     message = str(error.value)
     assert message.startswith(f"{path}: field 'text_config.attention_bias' must be true or false")
     assert "'false'" in message, message
+
+
+# (an edit of the assistant's text_config, what the mismatch names: the field and its value)
+ASSISTANT_MISFITS = {
+    "vocab_size": (
+        {"vocab_size": 2 * VOCAB},
+        f"text_config.vocab_size {2 * VOCAB} != the target's",
+    ),
+    "head_dim": (
+        {"head_dim": 2 * GEMMA4_TINY["head_dim"]},
+        f"layer 0 (sliding_attention): text_config.head_dim {2 * GEMMA4_TINY['head_dim']}",
+    ),
+    "per_layer_config": (
+        {"per_layer_config": {"1": {"head_dim": 8}}},
+        "layer 1 (full_attention): text_config.per_layer_config.1.head_dim 8",
+    ),
+    "sliding_window": (
+        {"sliding_window": 3},
+        "window 3 (text_config.sliding_window, layer_types)",
+    ),
+}
+
+
+@pytest.mark.parametrize("field", list(ASSISTANT_MISFITS))
+def test_a_gemma4_assistant_that_does_not_fit_names_its_config_file_and_field(tmp_path, field):
+    """It said "Gemma 4 assistant does not fit the target: ..." without the file, and head_dim and vocab_size
+    without saying they sit in text_config (nor where a full layer's head_dim is given)."""
+    target, draft_dir = tiny_assistant(tmp_path)
+    fields, named = ASSISTANT_MISFITS[field]
+    path = edit_config(draft_dir, lambda c: c["text_config"].update(fields))
+    with pytest.raises(DraftMismatchError) as error:
+        load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")
+    message = str(error.value)
+    assert message.startswith(f"{path}: the Gemma 4 assistant does not fit the target: "), message
+    assert named in message, message
+
+
+def dflash_draft(tmp_path: Path, edit=None, tensors=None) -> Path:
+    """A copy of zoo/tinypy-dflash whose config.json dict ``edit`` changes and whose tensors dict ``tensors``
+    changes, in place."""
+    out = tmp_path / "tinypy-dflash"
+    shutil.copytree(ZOO / "tinypy-dflash", out)
+    if edit is not None:
+        edit_config(out, edit)
+    if tensors is not None:
+        weights = load_file(out / "model.safetensors")
+        tensors(weights)
+        save_file(weights, out / "model.safetensors")
+    return out
+
+
+def top_level_mask(cfg: dict) -> None:
+    """mask_token_id at the top level (z-lab's ``_draft_value`` reads it there too), outside the vocabulary."""
+    cfg["dflash_config"].pop("mask_token_id")
+    cfg["mask_token_id"] = 5000
+
+
+DFLASH_MISFITS = {  # (the config.json edit, what the mismatch names)
+    "dflash_config.target_layer_ids": (
+        lambda c: c["dflash_config"].update(target_layer_ids=[1, 3, 7]),
+        "dflash_config.target_layer_ids [1, 3, 7] name layers [7]",
+    ),
+    "dflash_config.mask_token_id": (
+        lambda c: c["dflash_config"].update(mask_token_id=4096),
+        "dflash_config.mask_token_id 4096 is outside the target vocabulary [0, 4096)",
+    ),
+    "mask_token_id": (top_level_mask, ": mask_token_id 5000 is outside the target vocabulary"),
+    "num_target_layers": (
+        lambda c: c.update(num_target_layers=7),
+        "num_target_layers 7 != the target's 6 layers",
+    ),
+}
+
+
+@pytest.mark.parametrize("field", list(DFLASH_MISFITS))
+def test_a_dflash_draft_that_does_not_fit_names_its_config_file_and_field(tmp_path, tinypy, field):
+    """It said "DFlash draft <directory> does not fit the target", and target_layer_ids or mask_token_id without
+    saying which of dflash_config's and the top level's."""
+    edit, named = DFLASH_MISFITS[field]
+    d = dflash_draft(tmp_path, edit)
+    with pytest.raises(DraftMismatchError) as error:
+        load_dflash_draft(d, tinypy, torch.float32, "cpu")
+    message = str(error.value)
+    assert message.startswith(f"{d / 'config.json'}: the DFlash draft does not fit the target: ")
+    assert named in message, message
+
+
+def test_a_dflash_draft_without_fc_names_its_weight_file(tmp_path, tinypy):
+    """It said "DFlash draft <directory> has no fc.weight tensor": the weight file is named (config.json is not at
+    fault), with the field whose target layers fc projects."""
+    d = dflash_draft(tmp_path, tensors=lambda t: t.pop("fc.weight"))
+    with pytest.raises(DraftMismatchError) as error:
+        load_dflash_draft(d, tinypy, torch.float32, "cpu")
+    message = str(error.value)
+    assert message.startswith(f"{d / 'model.safetensors'}: "), message
+    assert (
+        "no fc.weight tensor" in message and "dflash_config.target_layer_ids [1, 3, 5]" in message
+    )

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from outpace.checkpoint import load_checkpoint
+from outpace.checkpoint import checkpoint_files, load_checkpoint
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
     norm_head_logits,
@@ -343,15 +343,22 @@ def layers_outside(target_layer_ids: tuple[int, ...], num_layers: int) -> list[i
     return [i for i in target_layer_ids if not 0 <= i < num_layers]
 
 
-def _fc_problem(shape: tuple[int, ...], cfg: DFlashConfig, target_hidden_size: int) -> str | None:
-    """What is wrong with fc.weight's ``shape`` for ``cfg``'s target layers of ``target_hidden_size`` features."""
+def _fc_problem(
+    shape: tuple[int, ...], cfg: DFlashConfig, target_hidden_size: int, ids_field: str
+) -> str | None:
+    """What is wrong with fc.weight's ``shape`` for ``cfg``'s target layers of ``target_hidden_size`` features
+    (``ids_field``: where config.json gives the target layers, named in the problem)."""
     if len(shape) != 2:
-        return f"fc.weight has shape {shape}: it must be 2-D [hidden_size, target layers x target hidden size]"
+        return (
+            f"fc.weight has shape {shape}: it must be 2-D [hidden_size, target layers ({ids_field}) x target "
+            "hidden size]"
+        )
     fc_in = shape[1]
     if fc_in % cfg.num_features or fc_in // cfg.num_features != target_hidden_size:
         return (
-            f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers x "
-            f"{fc_in / cfg.num_features:g}, but the target hidden size is {target_hidden_size}"
+            f"fc.weight reads {fc_in} features = {len(cfg.target_layer_ids)} target layers ({ids_field} "
+            f"{list(cfg.target_layer_ids)}) x {fc_in / cfg.num_features:g}, but the target hidden size is "
+            f"{target_hidden_size}"
         )
     return None
 
@@ -364,7 +371,11 @@ def load_dflash_draft(
     if not (draft_dir / "config.json").is_file():
         raise ConfigError(f"no config.json in DFlash draft directory {str(draft_dir)!r}")
     path = draft_dir / "config.json"
-    cfg = DFlashConfig.from_dict(read_json_object(path), str(path))
+    raw = read_json_object(path)
+    cfg = DFlashConfig.from_dict(raw, str(path))
+    # where config.json gives the dflash fields (dflash_config or the top level), named in the problems
+    dflash = ConfigFields(raw.get("dflash_config") or {}, str(path))
+    ids_field, mask_field = _where(dflash, "target_layer_ids"), _where(dflash, "mask_token_id")
     tcfg: ModelConfig = target.config
     L, vocab = tcfg.num_hidden_layers, tcfg.vocab_size
     problems = []
@@ -376,15 +387,19 @@ def load_dflash_draft(
             "embeds with the target's embedding and predicts with its head)"
         )
     fc_shape = tensor_shapes(draft_dir, ("fc.weight",)).get("fc.weight")
-    if fc_shape is None:
-        raise DraftMismatchError(f"DFlash draft {draft_dir} has no fc.weight tensor")
-    fc_problem = _fc_problem(fc_shape, cfg, tcfg.hidden_size)
+    if fc_shape is None:  # (not config.json's doing: the weight files are named)
+        files = ", ".join(str(f) for f in checkpoint_files(draft_dir))
+        raise DraftMismatchError(
+            f"{files}: the DFlash draft's checkpoint has no fc.weight tensor (the projection of the "
+            f"target's hidden states at {ids_field} {list(cfg.target_layer_ids)})"
+        )
+    fc_problem = _fc_problem(fc_shape, cfg, tcfg.hidden_size, ids_field)
     if fc_problem is not None:
         problems.append(fc_problem)
     bad = layers_outside(cfg.target_layer_ids, L)
     if bad:
         problems.append(
-            f"target_layer_ids {list(cfg.target_layer_ids)} name layers {bad} that the target does not "
+            f"{ids_field} {list(cfg.target_layer_ids)} name layers {bad} that the target does not "
             f"have (ids mean 'output of layer X'; the target has {L} layers: 0 .. {L - 1})"
         )
     if cfg.layer.layer_windows:
@@ -396,18 +411,18 @@ def load_dflash_draft(
         problems.append(f"num_target_layers {cfg.num_target_layers} != the target's {L} layers")
     if not 0 <= cfg.mask_token_id < vocab:
         problems.append(
-            f"mask_token_id {cfg.mask_token_id} is outside the target vocabulary [0, {vocab})"
+            f"{mask_field} {cfg.mask_token_id} is outside the target vocabulary [0, {vocab})"
         )
     else:
         declared = tokenizer_mask_token_id(getattr(target, "checkpoint_dir", None))
         if declared is not None and declared[1] != cfg.mask_token_id:
             problems.append(
-                f"mask_token_id {cfg.mask_token_id} is not the target tokenizer's mask token "
+                f"{mask_field} {cfg.mask_token_id} is not the target tokenizer's mask token "
                 f"{declared[0]!r} (id {declared[1]})"
             )
-    if problems:
+    if problems:  # (each problem names the config.json field it contradicts)
         raise DraftMismatchError(
-            f"DFlash draft {draft_dir} does not fit the target: " + "; ".join(problems)
+            f"{path}: the DFlash draft does not fit the target: " + "; ".join(problems)
         )
     # Rotary tables are computed, not learned: cover every position the target can reach.
     positions = max(cfg.layer.max_position_embeddings, tcfg.max_position_embeddings)

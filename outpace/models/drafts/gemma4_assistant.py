@@ -46,7 +46,7 @@ from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig, errors_name_file
 from outpace.models.drafts.eagle3 import DraftMismatchError
-from outpace.models.gemma import attention_bias_of, layer_type, layer_type_ropes, refuse
+from outpace.models.gemma import config_flag, layer_type, layer_type_ropes, refuse
 from outpace.models.gemma4 import (
     DEFAULT_ROPE_PARAMETERS,
     ROPE_TYPES,
@@ -169,6 +169,15 @@ class AssistantConfig:
         )
 
 
+def _head_dim_field(text: ModelConfig, overrides: dict[int, dict], i: int) -> str:
+    """Where the assistant's config.json gives layer ``i``'s head_dim (``overrides``: ``_layer_overrides``)."""
+    if "head_dim" not in overrides.get(i, {}):
+        return "text_config.head_dim"
+    if "per_layer_config" in text.raw:
+        return f"text_config.per_layer_config.{i}.head_dim"
+    return "text_config.global_head_dim"
+
+
 def store_layers(target) -> dict[str, int]:
     """Layer type -> the target layer whose KV the assistant's layers of that type read: the last one of
     the type that computes its own KV (transformers Gemma4TextConfig.kv_sharing_modes' "store")."""
@@ -227,7 +236,7 @@ class Gemma4Assistant(nn.Module):
                 for i in range(text.num_hidden_layers)
             ),
             final_logit_softcapping=None,
-            attention_bias=attention_bias_of(text, "text_config."),
+            attention_bias=config_flag(text, "attention_bias", "text_config."),
             per_layer_size=0,
             per_layer_vocab_size=0,
             moe=None,
@@ -240,22 +249,26 @@ class Gemma4Assistant(nn.Module):
             else []
         )
         if text.vocab_size != tcfg.vocab_size:
-            problems.append(f"vocab_size {text.vocab_size} != the target's {tcfg.vocab_size}")
+            problems.append(
+                f"text_config.vocab_size {text.vocab_size} != the target's {tcfg.vocab_size}"
+            )
         attns = []
         for i, shape in enumerate(gemma.layers):
             t = layer_type(text, i)
             source = target_layers[shape.producer].self_attn.attn
             if (source.head_dim, source.sliding_window) != (shape.head_dim, text.layer_window(i)):
                 problems.append(
-                    f"layer {i} ({t}): head_dim {shape.head_dim}, window {text.layer_window(i)} against "
-                    f"the target's {t} KV of head_dim {source.head_dim}, window {source.sliding_window}"
+                    f"layer {i} ({t}): {_head_dim_field(text, overrides, i)} {shape.head_dim}, window "
+                    f"{text.layer_window(i)} (text_config.sliding_window, layer_types) against the "
+                    f"target's {t} KV of head_dim {source.head_dim}, window {source.sliding_window}"
                 )
             attns.append(
                 TargetCacheAttention(source, text.num_attention_heads, text.layer_window(i))
             )
-        if problems:
+        if problems:  # (each problem names the config.json field it contradicts)
             raise DraftMismatchError(
-                "Gemma 4 assistant does not fit the target: " + "; ".join(problems)
+                f"{text.source}: the Gemma 4 assistant does not fit the target: "
+                + "; ".join(problems)
             )
         self.model = nn.Module()
         self.model.rotary = (
