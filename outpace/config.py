@@ -207,8 +207,10 @@ class EngineConfig:
     # Capture the decode iteration at start-up (every bucket, draft shape, sampling mode); CUDA only.
     cuda_graphs: bool = True
     # The batch sizes captured (vLLM's --cuda-graph-sizes, SGLang's --cuda-graph-bs); None: 1, 2, 4, 8, 16, 32,
-    # 48, 64, 96, 128, 192, 256 below max_num_seqs, and max_num_seqs. A batch above the largest runs eagerly.
-    # Refused with cuda_graphs False (nothing is captured).
+    # 48, 64, 96, 128, 192, 256 below the largest decode batch, and that batch (max_num_seqs, or fewer where the
+    # token budget holds fewer decoding requests: engine/cuda_graphs.py ``largest_decode_batch``; given sizes
+    # above it are dropped with a warning, as vLLM's). A batch above the largest runs eagerly. Refused with
+    # cuda_graphs False (nothing is captured).
     cuda_graph_sizes: tuple[int, ...] | None = None
     # Captured decode steps (any drafter, any sampling) launch the next step before the host has read
     # the current step's tokens (its inputs are the slot state on the device), so the host's

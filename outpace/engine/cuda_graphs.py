@@ -18,12 +18,46 @@ import torch
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
 
 
-def batch_buckets(max_num_seqs: int, sizes: tuple[int, ...] | None = None) -> tuple[int, ...]:
-    """The captured batch sizes, ascending: ``sizes`` (EngineConfig.cuda_graph_sizes) when given, else the default
-    ladder up to ``max_num_seqs``, which is always one."""
+def largest_decode_batch(
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    decode_tokens: int,
+    run_ahead: bool,
+    recurrent: bool,
+) -> int:
+    """The most requests a decode step can ever hold, so the largest batch bucket worth capturing. A decoding
+    request costs ``decode_tokens`` (1, or the largest draft shape's verified tokens) of the step's token budget,
+    so the scheduler puts at most ``max_num_batched_tokens // decode_tokens`` in a batch. A step run ahead
+    (engine/run_ahead.py) also holds the requests whose prefill the step before it completed, each of which cost
+    that step at least one token beside its one or more decoding requests: at most ``max_num_batched_tokens -
+    decode_tokens + 1`` (the budget again without speculation). A hybrid's batch after a step run ahead decodes
+    every request that step ran for, the budget or not (``RunAhead.reconcile``), and the requests joining in it run
+    ahead with them: nothing but ``max_num_seqs`` bounds it.
+
+    vLLM caps its capture sizes the same way: ``max_cudagraph_capture_size = min(max_num_tokens,
+    max_cudagraph_capture_size)``, ``max_num_tokens`` being ``scheduler_config.max_num_batched_tokens``
+    (vllm/config/vllm.py, ``VllmConfig._set_cudagraph_sizes``); its sizes count tokens, a uniform decode batch
+    ``1 + num_speculative_tokens`` of them a request."""
+    if run_ahead and recurrent:
+        return max_num_seqs
+    most = (
+        max_num_batched_tokens - decode_tokens + 1
+        if run_ahead
+        else max_num_batched_tokens // decode_tokens
+    )
+    return max(1, min(max_num_seqs, most))
+
+
+def batch_buckets(
+    max_num_seqs: int, sizes: tuple[int, ...] | None = None, largest: int | None = None
+) -> tuple[int, ...]:
+    """The captured batch sizes, ascending: those of ``sizes`` (EngineConfig.cuda_graph_sizes) up to ``largest``
+    (``largest_decode_batch``; default ``max_num_seqs``) when given, possibly none, else the default ladder up to
+    the smaller of the two, which is always one."""
+    most = max_num_seqs if largest is None else min(largest, max_num_seqs)
     if sizes is not None:
-        return tuple(sorted(sizes))
-    return tuple(b for b in DEFAULT_BUCKETS if b < max_num_seqs) + (max_num_seqs,)
+        return tuple(sorted(n for n in sizes if n <= most))
+    return tuple(b for b in DEFAULT_BUCKETS if b < most) + (most,)
 
 
 def bucket_for(buckets: Sequence[int], n: int) -> int | None:

@@ -27,7 +27,6 @@ from outpace.detokenizer import final_text, update_text
 from outpace.distributed.group import building_in
 from outpace.distributed.launch import Ranks, join_ranks
 from outpace.distributed.lockstep import Lockstep, requests_of
-from outpace.engine.cuda_graphs import batch_buckets
 from outpace.engine.prefill_graphs import prefill_buckets
 from outpace.engine.runner import ModelRunner
 from outpace.engine.scheduler import ScheduledRequest, Scheduler, is_decoding
@@ -37,6 +36,7 @@ from outpace.engine.start_up import (
     check_before_loading,
     check_decode_fits_a_batch,
     context_limit,
+    decode_buckets,
     eos_token_ids,
     kv_cache_dtype,
     load_target,
@@ -220,8 +220,9 @@ class LLMEngine:
 
     def capture_graphs(self) -> None:
         """Capture the decode iteration for every batch bucket (``cuda_graph_sizes``, by default a ladder up to
-        max_num_seqs), and a lone prefill chunk's forward for every prefill bucket. Done at start-up on CUDA unless
-        ``cuda_graphs`` is off; on the CPU the same code runs eagerly (for tests)."""
+        max_num_seqs; either way none larger than a decode step can be: engine/start_up.py ``decode_buckets``), and
+        a lone prefill chunk's forward for every prefill bucket. Done at start-up on CUDA unless ``cuda_graphs`` is
+        off; on the CPU the same code runs eagerly (for tests)."""
         reserved = (
             torch.cuda.memory_reserved(self.runner.device)
             if self.runner.device.type == "cuda"
@@ -229,7 +230,9 @@ class LLMEngine:
         )
         config = self.config
         self.runner.capture(
-            batch_buckets(config.max_num_seqs, config.cuda_graph_sizes),
+            decode_buckets(
+                config, self.scheduler.decode_tokens, self.runner.has_recurrent_state, warn=True
+            ),
             prefill_buckets(config.max_num_batched_tokens),
         )
         if self.memory_plan is not None and self.runner.device.type == "cuda":

@@ -26,7 +26,7 @@ from outpace.cache.state_checkpoints import StateCheckpoints
 from outpace.config import CPU_KV_BLOCKS, EngineConfig
 from outpace.distributed.group import RankGroup
 from outpace.distributed.lockstep import DriverChoice
-from outpace.engine.cuda_graphs import batch_buckets
+from outpace.engine.cuda_graphs import batch_buckets, largest_decode_batch
 from outpace.engine.memory import (
     MemoryPlan,
     SequenceRows,
@@ -344,12 +344,43 @@ def check_decode_fits_a_batch(config: EngineConfig, decode_tokens: int) -> None:
         )
 
 
-def _graph_tokens(config: EngineConfig, decode_tokens: int) -> int:
+def decode_buckets(
+    config: EngineConfig, decode_tokens: int, recurrent: bool, warn: bool = False
+) -> tuple[int, ...]:
+    """The batch buckets of the captured decode steps (engine/cuda_graphs.py): none larger than a decode step can
+    ever be (``largest_decode_batch``; ``recurrent``: a hybrid target). Sizes of ``cuda_graph_sizes`` above that
+    are dropped, with ``warn`` a warning naming them, as vLLM drops capture sizes above max_num_batched_tokens
+    with one (``VllmConfig._set_cudagraph_sizes``); a batch no bucket holds runs eagerly. The same on every rank
+    (the configuration and the model decide)."""
+    largest = largest_decode_batch(
+        config.max_num_seqs,
+        config.max_num_batched_tokens,
+        decode_tokens,
+        config.run_ahead,
+        recurrent,
+    )
+    sizes = config.cuda_graph_sizes
+    buckets = batch_buckets(config.max_num_seqs, sizes, largest)
+    if warn and sizes is not None and len(buckets) < len(sizes):
+        logger.warning(
+            "EngineConfig.cuda_graph_sizes %s: no decode step holds more than %d requests (max_num_batched_tokens="
+            "%d, %d tokens a decoding request), so sizes %s are not captured; %s",
+            list(sizes),
+            largest,
+            config.max_num_batched_tokens,
+            decode_tokens,
+            [n for n in sizes if n > largest],
+            f"captured: {list(buckets)}" if buckets else "every decode step runs eagerly",
+        )
+    return buckets
+
+
+def _graph_tokens(config: EngineConfig, decode_tokens: int, recurrent: bool) -> int:
     """The tokens of the largest captured forward, a decode step or a prefill key's chunks (0: none is captured)."""
     if not (config.device.startswith("cuda") and config.cuda_graphs):
         return 0
     prefill = key_tokens(prefill_buckets(config.max_num_batched_tokens), config.max_num_seqs)
-    largest = batch_buckets(config.max_num_seqs, config.cuda_graph_sizes)[-1]
+    largest = max(decode_buckets(config, decode_tokens, recurrent), default=0)
     return max(largest * decode_tokens, prefill)
 
 
@@ -372,7 +403,7 @@ def size_kv_pool(
         runner.device,
         config.memory_utilization,
         _profile_tokens(config, max_pos),
-        _graph_tokens(config, decode_tokens),
+        _graph_tokens(config, decode_tokens, runner.has_recurrent_state),
         config.max_num_seqs * pool.blocks_needed(context),
     )
     plan = dataclasses.replace(plan, num_blocks=agree_across_ranks(plan.num_blocks, group))
