@@ -1,45 +1,45 @@
 """Incremental detokenization: the text of a growing output without re-decoding all of it, equal to vLLM's.
 
-Where the tokenizer has a Rust backend (``tokenizers.Tokenizer``), its ``DecodeStream`` does the work, as in vLLM's
+A tokenizer with a Rust backend (``tokenizers.Tokenizer``: transformers' ``PreTrainedTokenizerFast``, whatever its
+``clean_up_tokenization_spaces``) goes through that backend's ``DecodeStream``, as in vLLM's
 ``FastIncrementalDetokenizer`` (vllm/v1/engine/detokenizer.py): the stream is primed with the prompt's ids (so the
 first output tokens decode in their context: a SentencePiece piece's leading space stays, a character the prompt
 began is finished), then stepped one output token at a time, and the text is the concatenation of the chunks it
 returns. A chunk is held back while the decoded text ends in U+FFFD (a character not finished yet, or bytes no
 character can be made of), and what is held when the request finishes is never emitted: the final text is this
 incremental text, not a re-decode of the output (vLLM's ``get_next_output_text`` returns ``output_text``).
-A tokenizer without a backend decodes through ``tokenizer.decode``: each step decodes the tokens since
-``prefix_offset`` (a few tokens of left context) and appends what is new, holding back text that ends in U+FFFD;
-its final text is decoded in one piece, less the tokens of a character its last tokens left unfinished
-(``final_text``).
+A tokenizer without one (a Python, "slow" tokenizer) goes through vLLM's ``SlowIncrementalDetokenizer`` rules
+(``detokenize_incrementally``, vllm/tokenizers/detokenizer_utils.py): the token strings of the prompt's last tokens
+start a window, each output token's string is appended, and the window's ``convert_tokens_to_string`` less that of
+the window without it is let out unless it is not longer or ends in U+FFFD. Its final text is that incremental text
+too. Neither path applies ``clean_up_tokenization_spaces`` (``tokenizer.decode`` does; vLLM never calls it).
 """
 
 from __future__ import annotations
 
-import codecs
-import functools
-import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tokenizers.decoders import DecodeStream
 
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
-
 
 @dataclass
 class DetokenizerState:
     text: str = ""
-    prefix_offset: int = 0  # start of the context window (in output tokens); decode path only
-    read_offset: int = 0  # output tokens already turned into ``text``
+    num_ids: int = 0  # output ids already turned into ``text``
     stream: DecodeStream | None = None  # the Rust backend's decoder, once the first tokens reach it
+    # Python path (vLLM's SlowIncrementalDetokenizer): the strings of the prompt's last tokens and of the output's,
+    # the start of the window decoded for context, and the end of what is already in ``text`` (both in ``tokens``)
+    tokens: list[str] | None = None
+    prefix_offset: int = 0
+    read_offset: int = 0
 
 
 def streaming_backend(tokenizer):
-    """The ``tokenizers.Tokenizer`` that ``DecodeStream`` steps for ``tokenizer``, or None where decoding must
-    go through ``tokenizer.decode``."""
-    if getattr(tokenizer, "clean_up_tokenization_spaces", False):
-        return None
+    """The ``tokenizers.Tokenizer`` that ``DecodeStream`` steps for ``tokenizer``, or None where it has none.
+    NOTE: vLLM takes the fast path for every ``PreTrainedTokenizerFast`` (vllm/v1/engine/detokenizer.py
+    ``IncrementalDetokenizer.from_new_request``), one with ``clean_up_tokenization_spaces`` included: ``DecodeStream``
+    does not clean spaces up, and neither does vLLM's text."""
     return getattr(tokenizer, "backend_tokenizer", None)
 
 
@@ -98,21 +98,18 @@ def update_text(
     """Bring ``state.text`` up to ``ids`` (the output so far, after ``prompt_ids``) and return it (special tokens
     left out unless ``skip_special_tokens`` is False)."""
     backend = streaming_backend(tokenizer)
-    if backend is not None:
-        if state.stream is None:
-            _prime(state, backend, list(prompt_ids), skip_special_tokens)
-        # NOTE: one token a step, as vLLM's BaseIncrementalDetokenizer.update does: a list stepped at once lets
-        # nothing out when it ends inside a character, which would lose its whole characters at the end of a request
-        for token in ids[state.read_offset :]:
+    if backend is not None and state.stream is None:
+        _prime(state, backend, list(prompt_ids), skip_special_tokens)
+    elif backend is None and state.tokens is None:
+        _start(state, tokenizer, prompt_ids, skip_special_tokens)
+    # NOTE: one token a step, as vLLM's BaseIncrementalDetokenizer.update does: a list stepped at once lets nothing
+    # out when it ends inside a character, which would lose its whole characters at the end of a request
+    for token in ids[state.num_ids :]:
+        if backend is not None:
             state.text += _step(state, backend, token, skip_special_tokens)
-        state.read_offset = len(ids)
-        return state.text
-    decode = lambda part: tokenizer.decode(part, skip_special_tokens=skip_special_tokens)  # noqa: E731
-    seen = decode(ids[state.prefix_offset : state.read_offset])
-    current = decode(ids[state.prefix_offset :])
-    if len(current) > len(seen) and not current.endswith("\ufffd"):
-        state.text += current[len(seen) :]
-        state.prefix_offset, state.read_offset = state.read_offset, len(ids)
+        else:
+            state.text += _next_text(state, tokenizer, token, skip_special_tokens)
+    state.num_ids = len(ids)
     return state.text
 
 
@@ -123,74 +120,67 @@ def final_text(
     prompt_ids: Sequence[int] = (),
     state: DetokenizerState | None = None,
 ) -> str:
-    """The text of a finished output's ``ids`` (after ``prompt_ids``). With a Rust backend, the incremental text
-    (``state``, carried on where it was used for stop strings or streaming, else a fresh one), as vLLM returns it;
-    otherwise the decode of ``ids`` less the tokens that hold an unfinished character at its end."""
-    if streaming_backend(tokenizer) is not None:
-        if state is None or state.read_offset > len(ids):
-            state = DetokenizerState()
-        return update_text(tokenizer, ids, state, skip_special_tokens, prompt_ids)
-    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-    if not text.endswith("\ufffd"):
-        return text
-    ids = list(ids)
-    keep = len(ids) - unfinished_tokens(tokenizer, ids, skip_special_tokens)
-    return tokenizer.decode(ids[:keep], skip_special_tokens=skip_special_tokens)
+    """The text of a finished output's ``ids`` (after ``prompt_ids``): the incremental text (``state``, carried on
+    where it was used for stop strings or streaming, else a fresh one), as vLLM returns it. So a character its last
+    tokens began and did not finish is left out, and so is a U+FFFD the text ends in."""
+    if state is None or state.num_ids > len(ids):
+        state = DetokenizerState()
+    return update_text(tokenizer, ids, state, skip_special_tokens, prompt_ids)
 
 
-def unfinished_tokens(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> int:
-    """How many of the last ``ids`` hold the bytes of a UTF-8 character they begin and do not finish (0: the text
-    ends on a whole character, or the tokens' bytes are not known); special tokens the text skips count with them.
-    An unfinished character is at most 3 bytes, so the tokens that make the last 3 bytes tell."""
-    skipped = set(tokenizer.all_special_ids) if skip_special_tokens else set()
-    byte_level = _is_byte_level(tokenizer)
-    data, ends = b"", []  # ends: (tokens from the end, bytes from the end) at each token with bytes
-    for count, token_id in enumerate(reversed(ids), 1):
-        if len(data) >= 3:
-            break
-        if token_id not in skipped:
-            data = _token_bytes(tokenizer.convert_ids_to_tokens(token_id), byte_level) + data
-            ends.append((count, len(data)))
-    unfinished = _unfinished_bytes(data)
-    return next((count for count, size in ends if size >= unfinished), 0) if unfinished else 0
+# ---- Python tokenizers: vLLM's SlowIncrementalDetokenizer ----------------------------------------------------
+# Prompt tokens decoded before the output (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET)
+_PROMPT_CONTEXT = 5
 
 
-def _unfinished_bytes(data: bytes) -> int:
-    """How many of the last bytes of ``data`` begin a UTF-8 character that more bytes could finish (those
-    an incremental decoder holds back; a byte no character begins with, or a sequence already invalid, it
-    replaces at once)."""
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    decoder.decode(data[-3:])
-    return len(decoder.getstate()[0])
+def _strings(tokenizer, ids: Sequence[int], skip_special_tokens: bool) -> list[str]:
+    """The tokens' strings (``convert_ids_to_tokens``: a skipped special token has none), "" for an unknown one."""
+    strings = tokenizer.convert_ids_to_tokens(list(ids), skip_special_tokens=skip_special_tokens)
+    return [s or "" for s in strings]
 
 
-def _is_byte_level(tokenizer) -> bool:
-    """Whether the tokenizer's decoder reads tokens as bytes written in GPT-2's byte alphabet (byte-level BPE)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    decoder = getattr(backend, "decoder", None)
-    if decoder is None:
-        return False
-    state = json.loads(decoder.__getstate__())
-    return any(d.get("type") == "ByteLevel" for d in state.get("decoders", [state]))
+def _start(state: DetokenizerState, tokenizer, prompt_ids: Sequence[int], skip: bool) -> None:
+    """vLLM's ``convert_prompt_ids_to_tokens``: the strings of the prompt's last ``_PROMPT_CONTEXT`` + 2 tokens (2
+    more for special tokens it may skip), the window starting ``_PROMPT_CONTEXT`` strings before their end."""
+    state.tokens = _strings(tokenizer, prompt_ids[-_PROMPT_CONTEXT - 2 :], skip)
+    state.read_offset = len(state.tokens)
+    state.prefix_offset = max(state.read_offset - _PROMPT_CONTEXT, 0)
 
 
-def _token_bytes(token: str | None, byte_level: bool) -> bytes:
-    """The bytes a vocabulary entry stands for: a byte fallback's one byte (``<0xC3>``), a byte-level token's bytes,
-    else the entry's own text (an added token's, a SentencePiece piece's)."""
-    token = token or ""
-    byte = _BYTE_TOKEN.fullmatch(token)
-    if byte is not None:
-        return bytes([int(byte[1], 16)])
-    alphabet = _byte_alphabet()
-    if byte_level and all(c in alphabet for c in token):
-        return bytes(alphabet[c] for c in token)
-    return token.encode()
+def _next_text(state: DetokenizerState, tokenizer, token: int, skip: bool) -> str:
+    """vLLM's ``detokenize_incrementally``: the text ``token`` lets out ("" while held back). The window from
+    ``prefix_offset`` is decoded with and without the strings after ``read_offset``; what the first adds is let out
+    unless it is not longer or ends in U+FFFD (a character not finished yet), and the window moves on."""
+    in_vocab = 0 <= token < len(tokenizer)  # (an id past the vocabulary is "")
+    state.tokens += _strings(tokenizer, [token], skip) if in_vocab else [""]
+    seen = _tokens_to_string(tokenizer, state.tokens[state.prefix_offset : state.read_offset], skip)
+    now = _tokens_to_string(tokenizer, state.tokens[state.prefix_offset :], skip)
+    if len(now) <= len(seen) or now.endswith("\ufffd"):
+        return ""
+    state.prefix_offset, state.read_offset = state.read_offset, len(state.tokens)
+    return now[len(seen) :]
 
 
-@functools.cache
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's byte alphabet: the character that writes each byte in a byte-level BPE vocabulary (the printable
-    Latin-1 bytes themselves, the other 68 the characters from U+0100 on, in byte order)."""
-    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    moved = [b for b in range(256) if b not in kept]
-    return {chr(b): b for b in kept} | {chr(0x100 + n): b for n, b in enumerate(moved)}
+def _tokens_to_string(tokenizer, tokens: list[str], skip: bool) -> str:
+    """The text of ``tokens`` as vLLM's slow path makes it: ``convert_tokens_to_string``, but where the tokenizer
+    has added tokens each of them stands alone and the runs between go through ``convert_tokens_to_string``, all
+    joined by spaces (``_convert_tokens_to_string_with_added_encoders`` with ``spaces_between_special_tokens``,
+    vLLM's default and the only value outpace takes); special tokens are left out there when skipped."""
+    added = tokenizer.get_added_vocab()
+    if getattr(tokenizer, "is_fast", False) or not added:
+        return tokenizer.convert_tokens_to_string(tokens)
+    skipped = set(tokenizer.all_special_tokens) if skip else set()
+    parts, run = [], []
+    for token in tokens:
+        if token in skipped:
+            continue
+        if token in added:
+            if run:
+                parts.append(tokenizer.convert_tokens_to_string(run))
+                run = []
+            parts.append(token)
+        else:
+            run.append(token)
+    if run:
+        parts.append(tokenizer.convert_tokens_to_string(run))
+    return " ".join(parts)

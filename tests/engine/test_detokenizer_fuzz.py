@@ -4,16 +4,23 @@ reset when it raises "Invalid prefix encountered"; the final text is that increm
 on the zoo's byte-level BPE tokenizer (with added tokens too) and on a SentencePiece-style one built here (``▁``
 pieces, byte fallback, with and without the ``Strip`` decoder Llama's has): the streamed text only grows and is
 a prefix of the final one (a character split across tokens is never shown as U+FFFD and then corrected), and no
-token sequence makes it raise. Then stop strings through the engine: several tokens long, in the prompt only,
+token sequence makes it raise; the same for tokenizers that clean up spaces after decoding (BERT's WordPiece, a
+byte-level BPE), which vLLM steps through a DecodeStream all the same. Tokenizers without a Rust backend (Python,
+"slow" ones: transformers' BERT and ByT5, a byte-level BPE and a SentencePiece-style one written here) against vLLM's
+``SlowIncrementalDetokenizer`` (vllm/tokenizers/detokenizer_utils.py ``detokenize_incrementally``) after every
+chunk of tokens. Then stop strings through the engine: several tokens long, in the prompt only,
 overlapping, one a prefix of another, kept or not, and with speculative decoding committing several tokens at once."""
 
+import json
 import random
+import re
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from tokenizers.decoders import DecodeStream
-from transformers import AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizer, PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from helpers.zoo_drafters import zoo_drafters, zoo_llm
 from outpace import SamplingParams
@@ -71,8 +78,10 @@ def sentencepiece_tokenizer(strip: bool) -> PreTrainedTokenizerFast:
     return tok
 
 
-def zoo_tokenizer(added: bool):
-    tok = AutoTokenizer.from_pretrained(ZOO)
+def zoo_tokenizer(added: bool, clean_up: bool = False):
+    # (transformers 5 leaves a BPE tokenizer's spaces alone unless told it may "corrupt" its output)
+    force = dict(clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=clean_up)
+    tok = AutoTokenizer.from_pretrained(ZOO, clean_up_tokenization_spaces=clean_up, **force)
     if added:
         tok.add_tokens([AddedToken("<tool>", special=False, normalized=False), " ünï"])
     return tok
@@ -83,6 +92,9 @@ TOKENIZERS = {
     "zoo-added": lambda: zoo_tokenizer(True),
     "sentencepiece": lambda: sentencepiece_tokenizer(True),
     "sentencepiece-no-strip": lambda: sentencepiece_tokenizer(False),
+    # clean_up_tokenization_spaces: tokenizer.decode cleans up spaces, but vLLM steps a DecodeStream all the same
+    "zoo-clean-up": lambda: zoo_tokenizer(True, clean_up=True),
+    "bert-clean-up": lambda: bert_fast(),
 }
 
 
@@ -112,6 +124,7 @@ def test_random_ids_give_vllms_text(name):
             done = min(len(out), done + rng.randint(1, 4))
             text = update_text(tok, out[:done], state, skip, prompt)
             assert text.startswith(shown), (prompt, out, skip)
+            assert text == vllm_text(tok, prompt, out[:done], skip), (prompt, out[:done], skip)
             shown = text
         final = final_text(tok, out, skip, prompt, state)
         assert final == vllm_text(tok, prompt, out, skip), (prompt, out, skip)
@@ -121,7 +134,8 @@ def test_random_ids_give_vllms_text(name):
             tok.decode(prompt + out, skip_special_tokens=skip),
             tok.decode(prompt, skip_special_tokens=skip),
         )
-        if "\ufffd" not in whole and whole.startswith(before):  # (valid text: the decode of it all)
+        valid = "\ufffd" not in whole and whole.startswith(before)
+        if valid and not tok.clean_up_tokenization_spaces:  # (valid text: the decode of it all)
             assert final == whole[len(before) :], (prompt, out, skip)
 
 
@@ -179,6 +193,283 @@ def test_a_trailing_replacement_character_is_held_back():
     assert final_text(tok, ids) == "x" == vllm_text(tok, [], ids, True)
     ids += tok.encode(" y", add_special_tokens=False)  # (once something follows it, it is let out)
     assert final_text(tok, ids) == "x\ufffd y" == vllm_text(tok, [], ids, True)
+
+
+# ---- tokenizers vLLM detokenizes in Python ---------------------------------------------------------------------
+def vllm_slow_texts(tok, prompt: list[int], out: list[int], skip_special_tokens: bool) -> list[str]:
+    """vLLM's SlowIncrementalDetokenizer text after each token of ``out`` (vllm/v1/engine/detokenizer.py, the path
+    of a tokenizer that is not a ``PreTrainedTokenizerFast``), written out as the reference. Its ``__init__`` keeps
+    the strings of the prompt's last 7 tokens (``convert_prompt_ids_to_tokens``: offset 5, plus 2), the window
+    starting 5 before its end; each token goes through ``detokenize_incrementally``
+    (vllm/tokenizers/detokenizer_utils.py): its string (an id past ``len(tok)`` is ""; a special token skipped is no
+    string at all) is appended, and the text of the window with it, less that of the window without it, is let out
+    unless it is not longer or ends in U+FFFD. A window with added tokens is joined as
+    ``_convert_tokens_to_string_with_added_encoders`` does, with ``spaces_between_special_tokens`` (vLLM's
+    default, the only value outpace takes): each added token alone, the runs between through
+    ``convert_tokens_to_string``, all joined by spaces. The final text is the last of these."""
+
+    def string(tokens: list[str]) -> str:
+        if tok.is_fast or not tok.get_added_vocab():
+            return tok.convert_tokens_to_string(tokens)
+        added = set(tok.get_added_vocab())
+        skipped = set(tok.all_special_tokens) if skip_special_tokens else set()
+        parts, run = [], []
+        for t in tokens:
+            if t in skipped:
+                continue
+            if t in added:
+                parts += [tok.convert_tokens_to_string(run)] * bool(run) + [t]
+                run = []
+            else:
+                run.append(t)
+        return " ".join(parts + [tok.convert_tokens_to_string(run)] * bool(run))
+
+    strings = tok.convert_ids_to_tokens(prompt[-7:], skip_special_tokens=skip_special_tokens)
+    tokens = [t or "" for t in strings]
+    read = len(tokens)
+    prefix, text, texts = max(read - 5, 0), "", []
+    for token in out:
+        if 0 <= token < len(tok):
+            strings = tok.convert_ids_to_tokens([token], skip_special_tokens=skip_special_tokens)
+            tokens += [t or "" for t in strings]
+        else:
+            tokens.append("")
+        seen, now = string(tokens[prefix:read]), string(tokens[prefix:])
+        if len(now) > len(seen) and not now.endswith("\ufffd"):
+            text += now[len(seen) :]
+            prefix, read = read, len(tokens)
+        texts.append(text)
+    return texts
+
+
+WORDPIECE = (
+    "[PAD] [UNK] [CLS] [SEP] [MASK] a b c d e é s t ' . , ? ! ( ) 中 文 ##a ##b ##é ##中".split()
+)
+WORDPIECE += "play ##ing ##ed the cat do not n ##t s m ve re hello".split()
+
+
+def wordpiece_vocab(tmp_path: Path) -> Path:
+    path = tmp_path / "vocab.txt"
+    path.write_text("\n".join(WORDPIECE) + "\n")
+    return path
+
+
+def add_tokens(tok):
+    """A special token beyond the tokenizer's own, and an added token that is not special."""
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    tok.add_tokens([AddedToken("<tool>", special=False, normalized=False)])
+    return tok
+
+
+def bert_fast() -> PreTrainedTokenizerFast:
+    """BERT's: WordPiece with ``##`` continuations, its decoder cleaning up spaces, clean_up_tokenization_spaces."""
+    backend = Tokenizer(
+        models.WordPiece({t: i for i, t in enumerate(WORDPIECE)}, unk_token="[UNK]")
+    )
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    special = dict(unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, mask_token="[MASK]", clean_up_tokenization_spaces=True, **special
+    )
+    return add_tokens(tok)
+
+
+def bert_slow(tmp_path: Path):
+    """transformers' Python BERT tokenizer (``BertTokenizerLegacy``) on the same vocabulary."""
+    from transformers.models.bert.tokenization_bert_legacy import BertTokenizerLegacy
+
+    tok = BertTokenizerLegacy(str(wordpiece_vocab(tmp_path)), clean_up_tokenization_spaces=True)
+    assert not tok.is_fast and tok.clean_up_tokenization_spaces
+    return add_tokens(tok)
+
+
+class SlowByteLevel(PreTrainedTokenizer):
+    """A Python byte-level BPE tokenizer (GPT-2's slow one, reduced to what decoding needs) on the zoo's vocabulary:
+    a token's string is its bytes in GPT-2's byte alphabet, and the bytes of a run of them decode with
+    ``errors="replace"`` (a character split across tokens is U+FFFD until it is finished)."""
+
+    def __init__(self, **kwargs):
+        vocab = json.loads((ZOO / "tokenizer.json").read_text())["model"]["vocab"]
+        self.encoder, self.decoder = vocab, {i: t for t, i in vocab.items()}
+        super().__init__(eos_token="<|endoftext|>", **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.encoder)
+
+    def get_vocab(self) -> dict[str, int]:
+        return dict(self.encoder, **self.added_tokens_encoder)
+
+    def _convert_token_to_id(self, token: str) -> int:
+        return self.encoder[token]
+
+    def _convert_id_to_token(self, index: int) -> str:
+        return self.decoder[index]
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        byte = {c: b for b, c in bytes_to_unicode().items()}
+        return bytes(byte[c] for c in "".join(tokens)).decode("utf-8", errors="replace")
+
+
+class SlowSentencePiece(PreTrainedTokenizer):
+    """A Python SentencePiece-style tokenizer (Llama 2's slow one, reduced): ``▁`` pieces and ``<0xNN>`` byte
+    fallback; a run of pieces decodes to its bytes (``errors="replace"``) with the leading space of the first taken
+    off, so a piece's text depends on what is before it."""
+
+    PIECES = ["▁", "▁a", "▁the", "▁cat", "a", "b", "é", "中", "▁中", "hello", "▁hello", ",", "."]
+
+    def __init__(self, **kwargs):
+        vocab = [f"<0x{b:02X}>" for b in range(256)] + self.PIECES
+        self.encoder = {"<unk>": 0, "<s>": 1, "</s>": 2} | {t: 3 + i for i, t in enumerate(vocab)}
+        self.decoder = {i: t for t, i in self.encoder.items()}
+        special = dict(unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+        super().__init__(clean_up_tokenization_spaces=True, **special, **kwargs)
+
+    vocab_size = property(lambda self: len(self.encoder))
+    get_vocab = SlowByteLevel.get_vocab
+    _convert_token_to_id = SlowByteLevel._convert_token_to_id
+    _convert_id_to_token = SlowByteLevel._convert_id_to_token
+
+    def convert_tokens_to_string(self, tokens: list[str]) -> str:
+        data = b"".join(
+            bytes([int(t[3:5], 16)]) if _BYTE.fullmatch(t) else t.replace("▁", " ").encode()
+            for t in tokens
+        )
+        text = data.decode("utf-8", errors="replace")
+        return text[1:] if text.startswith(" ") else text
+
+
+_BYTE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def byt5(tmp_path: Path):
+    """transformers' ByT5 tokenizer: one token a byte, bytes decoded with ``errors="ignore"``."""
+    from transformers.models.byt5.tokenization_byt5 import ByT5Tokenizer
+
+    return ByT5Tokenizer()
+
+
+PYTHON_TOKENIZERS = {
+    "bert-python": bert_slow,
+    "byte-level-python": lambda tmp_path: add_tokens(
+        SlowByteLevel(clean_up_tokenization_spaces=True)
+    ),
+    "sentencepiece-python": lambda tmp_path: add_tokens(SlowSentencePiece()),
+    "byt5": byt5,
+}
+
+
+def byte_tokens(tok, name: str) -> list[int] | None:
+    """The ids of the 256 byte tokens of the tokenizer (None: it has none, BERT's)."""
+    if name == "byt5":
+        return [3 + b for b in range(256)]
+    if name == "sentencepiece-python":
+        return tok.convert_tokens_to_ids([f"<0x{b:02X}>" for b in range(256)])
+    if name == "byte-level-python":
+        return tok.convert_tokens_to_ids(list(bytes_to_unicode().values()))
+    return None
+
+
+@pytest.mark.parametrize("name", PYTHON_TOKENIZERS)
+def test_python_tokenizers_give_vllms_text(name, tmp_path):
+    """Random prompts and outputs through a tokenizer without a Rust backend, fed in random chunks (as speculative
+    decoding commits them): after every chunk the text is vLLM's (SlowIncrementalDetokenizer) after the same tokens,
+    and the final text is vLLM's, so the streamed deltas add up to it and nothing beyond it is ever shown. Special
+    and added tokens, ids past the vocabulary, characters split across byte tokens (cut short too, or their bytes
+    out of order), skip_special_tokens on and off."""
+    tok = PYTHON_TOKENIZERS[name](tmp_path)
+    rng = random.Random(0)
+    specials, vocab, bytes_ = tok.all_special_ids, len(tok), byte_tokens(tok, name)
+    added = [i for i in tok.added_tokens_decoder if i not in specials]
+    chars = [c.encode() for c in "é中🐍→ü"]
+
+    def tokens(output: bool = True) -> list[int]:
+        r = rng.random()
+        if r < 0.1:
+            return [rng.choice(specials)]
+        if r < 0.15 and added:
+            return [rng.choice(added)]
+        if r < 0.17 and output and name != "byt5":  # (ByT5 fails on the "" vLLM gives such an id)
+            return [vocab + rng.randrange(3)]
+        if r < 0.4 and bytes_:
+            data = bytearray(rng.choice(chars)[: rng.randint(1, 4)])
+            if rng.random() < 0.2:
+                rng.shuffle(data)
+            return [bytes_[b] for b in data]
+        return [rng.randrange(vocab)]
+
+    for _ in range(200):
+        skip = rng.random() < 0.5
+        prompt = [t for _ in range(rng.randint(0, 9)) for t in tokens(output=False)]
+        out = [t for _ in range(rng.randint(1, 10)) for t in tokens()]
+        texts = vllm_slow_texts(tok, prompt, out, skip)
+        state, deltas, done = DetokenizerState(), [], 0
+        while done < len(out):
+            done = min(len(out), done + rng.randint(1, 4))
+            text = update_text(tok, out[:done], state, skip, prompt)
+            assert text == texts[done - 1], (prompt, out[:done], skip)
+            deltas.append(text[len("".join(deltas)) :])
+        final = final_text(tok, out, skip, prompt, state)
+        assert final == texts[-1] == "".join(deltas), (prompt, out, skip)
+        assert final_text(tok, out, skip, prompt) == final  # (a fresh state: the same text)
+
+
+def test_a_fast_tokenizer_that_cleans_up_spaces_is_stepped_as_vllm_steps_it():
+    """vLLM steps a DecodeStream for every ``PreTrainedTokenizerFast``, ``clean_up_tokenization_spaces`` or not: the
+    output decodes in the prompt's context (a WordPiece ``##`` continuation joins the prompt's last word) and a BPE's
+    spaces are not cleaned up. outpace decoded such a tokenizer's output alone through ``tokenizer.decode``
+    ("##ing the cat.", "x = a. b")."""
+    tok = bert_fast()
+    prompt, out = (
+        tok.encode("play", add_special_tokens=False),
+        tok.convert_tokens_to_ids(["##ing", "the", "cat", "."]),
+    )
+    assert (
+        final_text(tok, out, prompt_ids=prompt)
+        == "ing the cat."
+        == vllm_text(tok, prompt, out, True)
+    )
+    tok = zoo_tokenizer(False, clean_up=True)
+    out = tok.encode("x = a . b", add_special_tokens=False)
+    assert tok.decode(out) == "x = a. b"
+    assert final_text(tok, out) == "x = a . b" == vllm_text(tok, [], out, True)
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_python_tokenizer_is_detokenized_as_vllm_does(tmp_path, skip):
+    """transformers' Python BERT tokenizer: the first output token decodes in the prompt's last tokens (``##ing``
+    after "play"), spaces are not cleaned up (vLLM decodes with ``convert_tokens_to_string``, never
+    ``tokenizer.decode``), and an added token stands apart, joined by spaces. outpace decoded the output alone
+    with ``tokenizer.decode``: "##ing the cat. <tool> a"."""
+    tok = bert_slow(tmp_path)
+    prompt = tok.encode("play", add_special_tokens=False)
+    out = tok.convert_tokens_to_ids(["##ing", "the", "cat", ".", "<tool>", "a", "[SEP]"])
+    want = "ing the cat . <tool> a" + " [SEP]" * (not skip)
+    assert final_text(tok, out, skip, prompt) == want == vllm_slow_texts(tok, prompt, out, skip)[-1]
+    # (the prompt's last 7 tokens are kept, then special ones skipped: the word before five of them still counts)
+    prompt = tok.convert_tokens_to_ids(["cat", "[SEP]", "[CLS]", "[PAD]", "[PAD]", "[MASK]"])
+    out = tok.convert_tokens_to_ids(["."])
+    assert final_text(tok, out, skip, prompt) == " ." == vllm_slow_texts(tok, prompt, out, skip)[-1]
+
+
+def test_a_python_sentencepiece_tokenizer_keeps_the_first_pieces_space():
+    """The first output piece keeps its space in the prompt's context, and a character the output's last byte
+    tokens leave unfinished is never let out."""
+    tok = SlowSentencePiece()
+    prompt = tok.convert_tokens_to_ids(["▁hello"])
+    out = tok.convert_tokens_to_ids(["▁the", "▁cat", "<0xC3>", "<0xA9>", "<0xC3>"])
+    assert tok.decode(out) == "the caté\ufffd"
+    state = DetokenizerState()
+    assert update_text(tok, out[:3], state, prompt_ids=prompt) == " the cat"
+    assert final_text(tok, out, prompt_ids=prompt, state=state) == " the caté"
+    assert vllm_slow_texts(tok, prompt, out, True) == [
+        " the",
+        " the cat",
+        " the cat",
+        *[" the caté"] * 2,
+    ]
 
 
 # ---- stop strings through the engine ---------------------------------------------------------------------------

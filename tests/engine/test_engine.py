@@ -120,18 +120,29 @@ def test_streamed_outputs_grow_to_the_final_output(zoo_like_dir):
     assert seen[-1].token_ids == final.token_ids and seen[-1].text == final.text
 
 
-class DecodeOnly:
-    """A tokenizer seen only through ``decode`` (no Rust backend to stream from)."""
+class PythonOnly:
+    """The zoo tokenizer seen without its Rust backend, as a Python ("slow") tokenizer is: vLLM detokenizes it
+    through ``convert_tokens_to_string`` (SlowIncrementalDetokenizer), not a DecodeStream."""
+
+    is_fast = False
 
     def __init__(self, tok) -> None:
-        self.decode = tok.decode
+        self.tok = tok
+
+    def __len__(self) -> int:
+        return len(self.tok)
+
+    def __getattr__(self, name: str):
+        if name == "backend_tokenizer":
+            raise AttributeError(name)
+        return getattr(self.tok, name)
 
 
-@pytest.mark.parametrize("path", ["DecodeStream", "decode", "decode with space clean-up"])
+@pytest.mark.parametrize("path", ["DecodeStream", "Python", "DecodeStream with space clean-up"])
 def test_incremental_detokenization_matches_full_decode(path):
     """Random token streams (partial UTF-8 characters included) through the zoo tokenizer, on each path of
-    ``update_text``: the Rust backend's DecodeStream, and ``tokenizer.decode`` (a tokenizer without a backend,
-    or one that cleans up spaces after decoding, which DecodeStream would not do)."""
+    ``update_text``: the Rust backend's DecodeStream (also where the tokenizer cleans up spaces after decoding, as
+    vLLM does), and vLLM's Python path (a tokenizer without a backend)."""
     from pathlib import Path
 
     from transformers import AutoTokenizer
@@ -139,9 +150,9 @@ def test_incremental_detokenization_matches_full_decode(path):
     from outpace.detokenizer import DetokenizerState, streaming_backend, update_text
 
     full_tok = AutoTokenizer.from_pretrained(Path(__file__).resolve().parents[2] / "zoo" / "tinypy")
-    full_tok.clean_up_tokenization_spaces = path == "decode with space clean-up"
-    tok = DecodeOnly(full_tok) if path == "decode" else full_tok
-    assert (streaming_backend(tok) is not None) == (path == "DecodeStream")
+    full_tok.clean_up_tokenization_spaces = path == "DecodeStream with space clean-up"
+    tok = PythonOnly(full_tok) if path == "Python" else full_tok
+    assert (streaming_backend(tok) is None) == (path == "Python")
     g = torch.Generator().manual_seed(0)
     emoji = full_tok.encode("→ 世界 🐍 é . ,")
     for trial in range(20):
