@@ -64,6 +64,13 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
+def weight_files_named(model_dir: str | Path) -> str:
+    """Where a checkpoint's tensor names are read from, for an error to name: its index file when it is sharded,
+    else its weight files."""
+    index = _index_file(Path(model_dir))
+    return str(index) if index is not None else ", ".join(map(str, checkpoint_files(model_dir)))
+
+
 def _weight_files(model_dir: Path) -> list[Path]:
     index = _index_file(model_dir)
     if index is not None:

@@ -43,7 +43,12 @@ import torch.nn.functional as F
 
 from outpace.attention import forward_context, uniform_paged_metadata
 from outpace.attention.registry import get_backend
-from outpace.checkpoint import CheckpointError, checkpoint_files, checkpoint_tensor_names
+from outpace.checkpoint import (
+    CheckpointError,
+    checkpoint_files,
+    checkpoint_tensor_names,
+    weight_files_named,
+)
 from outpace.layers.sampler import SamplingTensors, random_keys
 from outpace.request import DRAWS
 from outpace.speculative.verify import VerifyResult
@@ -423,7 +428,10 @@ class Proposer(abc.ABC):
             return str(e)
         if cls.draft_checkpoint_tensor in names:
             return None
-        problem = f"it has no {cls.draft_checkpoint_tensor} tensor, which every such draft holds"
+        problem = (
+            f"{weight_files_named(draft_dir)} has no {cls.draft_checkpoint_tensor} tensor, which "
+            "every such draft holds"
+        )
         if "model.embed_tokens.weight" in names:
             problem += " (it holds model.embed_tokens.weight: a target checkpoint?)"
         return problem

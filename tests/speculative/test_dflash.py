@@ -310,7 +310,8 @@ def test_misfits_and_misuse_are_refused(target4, draft4, tmp_path):
     with pytest.raises(DraftMismatchError, match=r"layers \[4\]"):  # through the engine too
         LLM(str(target4), speculative=SpeculativeConfig("dflash", str(deep), num_steps=3))
     with pytest.raises(
-        ConfigError, match=r"num_steps=2 is invalid.*block_size is 4.*num_steps \+ 1 \(= 3\)"
+        ConfigError,
+        match=r"num_steps=2 is invalid.*config\.json: \S*block_size is 4.*num_steps \+ 1 \(= 3\)",
     ):
         LLM(str(target4), speculative=SpeculativeConfig("dflash", str(draft4), num_steps=2))
     with pytest.raises(ConfigError, match="topk"):

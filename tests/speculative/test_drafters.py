@@ -2,6 +2,7 @@
 preemption; misuse is refused at start-up; the MTP chain matters for acceptance."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -64,7 +65,11 @@ def test_misuse_is_refused(tmp_path, llama_dir):
     a, b = list(vocab)[300:302]
     vocab[a], vocab[b] = vocab[b], vocab[a]
     (other / "tokenizer.json").write_text(json.dumps(tok))
-    with pytest.raises(ConfigError, match="different tokenizer"):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(f"{other / 'tokenizer.json'}: the draft model does not fit the target: ")
+        + ".* field 'model.vocab' gives",
+    ):
         LLM(TARGET, speculative=SpeculativeConfig("draft", str(other)))
     with pytest.raises(ConfigError, match="vocab_size"):
         LLM(TARGET, speculative=SpeculativeConfig("draft", str(llama_dir)))

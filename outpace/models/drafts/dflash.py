@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from outpace.checkpoint import checkpoint_files, load_checkpoint
+from outpace.checkpoint import load_checkpoint, weight_files_named
 from outpace.layers.fused_decoder import (
     FusedDecoderLayer,
     norm_head_logits,
@@ -388,10 +388,10 @@ def load_dflash_draft(
         )
     fc_shape = tensor_shapes(draft_dir, ("fc.weight",)).get("fc.weight")
     if fc_shape is None:  # (not config.json's doing: the weight files are named)
-        files = ", ".join(str(f) for f in checkpoint_files(draft_dir))
         raise DraftMismatchError(
-            f"{files}: the DFlash draft's checkpoint has no fc.weight tensor (the projection of the "
-            f"target's hidden states at {ids_field} {list(cfg.target_layer_ids)})"
+            f"{weight_files_named(draft_dir)}: the DFlash draft's checkpoint has no fc.weight tensor "
+            f"(the projection of the target's hidden states at {ids_field} "
+            f"{list(cfg.target_layer_ids)})"
         )
     fc_problem = _fc_problem(fc_shape, cfg, tcfg.hidden_size, ids_field)
     if fc_problem is not None:

@@ -40,7 +40,7 @@ from outpace.speculative.proposer import (
     Verified,
 )
 from outpace.speculative.rows import prefill_extension
-from outpace.validation import ConfigError
+from outpace.validation import ConfigError, read_json_object
 
 
 class DFlashProposer(Proposer):
@@ -72,9 +72,10 @@ class DFlashProposer(Proposer):
         pack_projections(self.draft_model)  # one matmul for q/k/v and for gate/up
         cfg = self.draft_model.config
         if spec.num_draft_tokens != cfg.block_size:
+            path = Path(spec.draft) / "config.json"
             raise ConfigError(
-                f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for the DFlash draft "
-                f"{spec.draft}: its block_size is {cfg.block_size}, and num_steps + 1 "
+                f"SpeculativeConfig.num_steps={spec.num_steps} is invalid for the DFlash draft: "
+                f"{path}: {_block_size_field(path)} is {cfg.block_size}, and num_steps + 1 "
                 f"(= {spec.num_steps + 1}) must equal block_size; use num_steps={cfg.block_size - 1}"
             )
         self.block_size, self.mask_token_id = cfg.block_size, cfg.mask_token_id
@@ -165,3 +166,10 @@ class DFlashProposer(Proposer):
                 ids.reshape(-1), ctx.metadata.token_positions
             )  # [b * n, hidden]
         return hidden.view(b, n, -1)[:, 1 : k + 1].reshape(b * k, -1)
+
+
+def _block_size_field(path: Path) -> str:
+    """Where config.json ``path`` gives the block size: dflash_config.block_size, else the top level's."""
+    dflash = read_json_object(path).get("dflash_config")
+    inside = isinstance(dflash, dict) and dflash.get("block_size") is not None
+    return "dflash_config.block_size" if inside else "block_size"

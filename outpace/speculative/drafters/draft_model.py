@@ -48,36 +48,60 @@ def shared_vocab_size(target_dir: Path, draft_dir: Path) -> int:
     Qwen2.5-0.5B has 151936 rows, Qwen2.5-7B 152064, over the same 151665 tokens), and the shared
     size is the tokenizer's: the ids past it are padding rows of the embedding, which no text ever
     produces. Without both tokenizer.json files the vocab sizes must be equal, and that is the size.
+    A draft that does not fit is refused naming the file (config.json or tokenizer.json) and the field.
     """
+    target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     t, d = ModelConfig.from_pretrained(target_dir), ModelConfig.from_pretrained(draft_dir)
-    files = [Path(target_dir) / "tokenizer.json", Path(draft_dir) / "tokenizer.json"]
+    files = [target_dir / "tokenizer.json", draft_dir / "tokenizer.json"]
     if not all(f.is_file() for f in files):
         if t.vocab_size != d.vocab_size:
+            missing = " and ".join(str(f) for f in files if not f.is_file())
             raise ConfigError(
-                f"draft {draft_dir} has vocab_size {d.vocab_size}, the target {t.vocab_size}, and "
-                f"without a tokenizer.json in both directories their tokenizers cannot be compared: "
-                f"a draft model must share the target's tokenizer"
+                f"{draft_dir / 'config.json'}: the draft model does not fit the target: "
+                f"vocab_size {d.vocab_size} != target vocab_size {t.vocab_size} "
+                f"({target_dir / 'config.json'}), and without {missing} their tokenizers cannot "
+                "be compared: a draft model must share the target's tokenizer"
             )
         return t.vocab_size
-    target_ids, draft_ids = (_token_ids(f) for f in files)
+    (target_ids, _), (draft_ids, draft_added) = (_token_ids(f) for f in files)
     if target_ids != draft_ids:
         raise ConfigError(
-            f"draft {draft_dir} has a different tokenizer from the target {target_dir} "
-            f"(their tokenizer.json vocabularies differ)"
+            f"{files[1]}: the draft model does not fit the target: its tokenizer differs from the "
+            f"target's {files[0]}: {_first_difference(target_ids, draft_ids, draft_added)}"
         )
     size = max(target_ids.values()) + 1
-    if size > min(t.vocab_size, d.vocab_size):
-        raise ConfigError(
-            f"the tokenizer of {target_dir} has ids up to {size - 1}, beyond the embedding rows of the "
-            f"target ({t.vocab_size}) or of the draft {draft_dir} ({d.vocab_size})"
-        )
+    for directory, cfg in ((draft_dir, d), (target_dir, t)):  # the draft's config first
+        if cfg.vocab_size < size:
+            fits = "the draft model does not fit the target: " if directory == draft_dir else ""
+            raise ConfigError(
+                f"{directory / 'config.json'}: {fits}vocab_size {cfg.vocab_size} leaves no "
+                f"embedding row for ids {cfg.vocab_size} .. {size - 1} of "
+                f"{directory / 'tokenizer.json'}"
+            )
     return size
 
 
-def _token_ids(path: Path) -> dict[str, int]:
+def _first_difference(target: dict[str, int], draft: dict[str, int], draft_added: set[str]) -> str:
+    """The first token (by id) that the two token -> id maps disagree on, named by the draft tokenizer.json's field
+    that gives it (model.vocab or added_tokens), and how many tokens differ."""
+    differ = [tok for tok in target.keys() | draft.keys() if target.get(tok) != draft.get(tok)]
+    tok = min(differ, key=lambda t: (draft.get(t, target.get(t)), t))
+    field = "added_tokens" if tok in draft_added else "model.vocab"
+    if tok not in draft:
+        what = (
+            f"fields 'model.vocab' and 'added_tokens' lack {tok!r} (the target's id {target[tok]})"
+        )
+    elif tok not in target:
+        what = f"field {field!r} gives {tok!r} id {draft[tok]}, a token the target's lacks"
+    else:
+        what = f"field {field!r} gives {tok!r} id {draft[tok]}, the target's id {target[tok]}"
+    return what + (f" ({len(differ)} tokens differ)" if len(differ) > 1 else "")
+
+
+def _token_ids(path: Path) -> tuple[dict[str, int], set[str]]:
     """A tokenizer.json's token -> id map: the model's vocabulary (a token -> id object, or for Unigram models a
-    list of [token, score] in id order: the tokenizers library's serialization) and the added (special) tokens. A
-    file of another shape is refused naming it and the field."""
+    list of [token, score] in id order: the tokenizers library's serialization) and the added (special) tokens,
+    and the set of the added tokens. A file of another shape is refused naming it and the field."""
     fields = ConfigFields(read_json_object(path), str(path))
     model = fields.mapping("model")
     if model is None:
@@ -97,7 +121,7 @@ def _token_ids(path: Path) -> dict[str, int]:
     if not (isinstance(added, list) and all(_is_added_token(t) for t in added)):
         raise fields.fail("added_tokens", f"<{type(added).__name__}>", "a list of {content, id}")
     ids.update({t["content"]: t["id"] for t in added})
-    return ids
+    return ids, {t["content"] for t in added}
 
 
 def _is_unigram_entry(entry) -> bool:

@@ -43,11 +43,14 @@ and runs eagerly (``absorbs_captured``; prefill chunks precede decoding: none fi
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from outpace.attention import build_paged_metadata, forward_context
 from outpace.cache.block_pool import BlockPool
 from outpace.cache.kv_cache import bind_kv_cache
+from outpace.checkpoint import weight_files_named
 from outpace.config import SpeculativeConfig
 from outpace.host_copies import to_device
 from outpace.layers.moe import RoutedExperts
@@ -337,10 +340,13 @@ def _why_none(target) -> str:
     """Why a target serves without MTP layers: its tensors hold none in the architecture's layout where its
     config counts some, or its config counts none."""
     cfg = target.config
+    directory = getattr(target, "checkpoint_dir", None)  # (set by models/loader.py)
+    path = Path(directory) / "config.json" if directory is not None else "config.json"
     counted = cfg.raw.get("num_nextn_predict_layers") or 0
     if counted:
+        files = f" ({weight_files_named(directory)})" if directory is not None else ""
         return (
-            f"{cfg.architecture} checkpoint's config.json counts num_nextn_predict_layers = {counted} but its "
-            f"tensors hold no MTP layer in that architecture's layout"
+            f"{path}: the {cfg.architecture} checkpoint counts num_nextn_predict_layers = "
+            f"{counted} but its tensors hold no MTP layer in that architecture's layout{files}"
         )
-    return f"{cfg.architecture} checkpoint has num_nextn_predict_layers = 0"
+    return f"{path}: the {cfg.architecture} checkpoint has num_nextn_predict_layers = 0"
