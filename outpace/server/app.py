@@ -20,6 +20,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -166,6 +167,20 @@ def build_app(
     inputs = RequestInputs(engine, max_tokens_limit, max_choices)
     parsers = ChatParsers.of(thinking, tool_calls, engine.tokenizer)
     created = int(time.time())
+    permission = {  # vLLM's ModelPermission, as its /v1/models lists it
+        "id": f"modelperm-{uuid.uuid4().hex}",
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": False,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -228,7 +243,9 @@ def build_app(
             "created": created,
             "owned_by": "outpace",
             "root": str(engine_config.model),
+            "parent": None,
             "max_model_len": engine.max_model_len,
+            "permission": [permission],
         }
 
     @app.get("/health")
@@ -301,6 +318,7 @@ def build_app(
                 body.add_generation_prompt,
                 body.tool_dicts(),
                 body.chat_template_kwargs,
+                body.continue_final_message,
             )
             return tok.encode(text, add_special_tokens=body.special_tokens)
 

@@ -613,6 +613,7 @@ class TokenizeRequest(_Body):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # (messages: the text ends inside the last message)
     return_token_strs: bool = False
     tools: list[Tool] | None = None  # (messages: as a chat's)
     chat_template_kwargs: dict[str, Any] | None = None
@@ -620,10 +621,17 @@ class TokenizeRequest(_Body):
     def check_supported(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise bad_request("give either prompt or messages", "prompt")
-        if self.prompt is not None and (self.tools or self.chat_template_kwargs):
-            param = "tools" if self.tools else "chat_template_kwargs"
-            raise bad_request(f"{param} applies to messages, not to a prompt", param)
+        chat_only = ("tools", "chat_template_kwargs", "continue_final_message")
+        given = [name for name in chat_only if getattr(self, name)]
+        if self.prompt is not None and given:
+            raise bad_request(f"{given[0]} applies to messages, not to a prompt", given[0])
         check_template_kwargs(self.chat_template_kwargs)
+        if self.continue_final_message and self.add_generation_prompt:
+            raise bad_request(
+                "continue_final_message needs add_generation_prompt: false (the text ends inside the "
+                "last message instead of opening a new one)",
+                "continue_final_message",
+            )
 
     def tool_dicts(self) -> list[dict[str, Any]] | None:
         return tool_dicts(self.tools)
