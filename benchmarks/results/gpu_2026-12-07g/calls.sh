@@ -22,7 +22,8 @@ both() {  # NAME END SCRIPT ARGS...: the script on this package (GemLite install
 }
 clean() { sed -i -E 's/\r/\n/g' "$@"; sed -i -E '/(it\/s|s\/it|tensor\/s)\]$/d' "$@"; }
 case "$1" in
-int4|int4-short)  # int4-short: without the w4a16 bench (a call of about 420 s with END=420)
+int4|int4-short|int4-tests)  # int4-short: without the w4a16 bench (about 420 s with END=420); int4-tests: the
+  # GPU tests and the experts' probe alone (about 280 s)
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_gl/*.whl
   timeout 150 python3 -m pytest -q -n 4 -m gpu -p no:cacheprovider tests/kernels/test_int4_linear.py \
     tests/kernels/test_quant_moe_kernels.py tests/layers/test_quantized_fused_stack.py > $OUT/int4_tests.log 2>&1
@@ -36,6 +37,7 @@ int4|int4-short)  # int4-short: without the w4a16 bench (a call of about 420 s w
     grep -E "^llama|rc=" $OUT/w4a16.log
   fi
   both a3b_experts $(( SECONDS + 120 )) benchmarks/scripts/int4_tiles.py --a3b --tokens 1 8 32
+  [ "$1" = int4-tests ] && exit 0
   both probe ${END:-585} benchmarks/scripts/int4_library_probe.py --shapes "llama-8b gate_up" "llama-8b down"
   ;;
 esac
