@@ -544,9 +544,8 @@ class LLMEngine:
             self._detokenize_so_far(req)
             # Only the new characters (and a stop string's length before them) are searched, as vLLM's
             # check_stop_strings does: a long output costs each token its new text, not the whole text again.
-            for s in (
-                p.stop if num_output > p.min_tokens else ()
-            ):  # (vLLM: count once the output is longer)
+            stops = p.stop if num_output > p.min_tokens else ()  # (vLLM: once the output is longer)
+            for s in stops:
                 at = req.text.find(s, max(0, req.stop_search_from - len(s) + 1))
                 if at >= 0:
                     req.text = req.text[: at + len(s) if p.include_stop_str_in_output else at]
