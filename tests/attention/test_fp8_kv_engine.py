@@ -134,13 +134,11 @@ def test_gemma4_assistant_lossless_over_fp8_target_cache(tmp_path):
     """The Gemma 4 assistant reads the target's FP8 rows (dequantized with the target layer's scales) and
     writes them back as the same bytes: the target's tokens stay plain decoding's on the FP8 cache
     (KV-sharing layers and sliding windows included)."""
-    from speculative.test_gemma4_assistant import PROMPT, make_assistant
-
-    from helpers.gemma_sampling import make_tiny_gemma
+    from helpers.gemma_sampling import GEMMA4_PROMPT, make_gemma4_assistant, make_tiny_gemma
 
     target_dir = make_tiny_gemma("gemma4", tmp_path / "target")[1]
-    assistant_dir = save_hf_model(make_assistant(), tmp_path / "assistant")
-    ps = [PROMPT, PROMPT[4:11]]
+    assistant_dir = save_hf_model(make_gemma4_assistant(), tmp_path / "assistant")
+    ps = [GEMMA4_PROMPT, GEMMA4_PROMPT[4:11]]
     spec = SpeculativeConfig("gemma4_assistant", str(assistant_dir), num_steps=3)
     runs = []
     for speculative in (SpeculativeConfig(), spec):

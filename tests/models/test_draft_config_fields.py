@@ -15,7 +15,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from helpers.gemma_models import GEMMA3_TEXT, GEMMA4_TEXT
-from helpers.gemma_sampling import GEMMA4_TINY, VOCAB, make_tiny_gemma
+from helpers.gemma_sampling import GEMMA4_TINY, VOCAB, make_gemma4_assistant, make_tiny_gemma
 from helpers.hf_models import save_hf_model
 from outpace.model_config import ModelConfig
 from outpace.models.drafts.dflash import load_dflash_draft
@@ -152,28 +152,7 @@ def tiny_assistant(tmp_path: Path):
     """A tiny Gemma 4 target, loaded, and the directory of an assistant written by transformers that fits it."""
     _, target_dir = make_tiny_gemma("gemma4", tmp_path / "target")
     target = load_model(target_dir, torch.float32, progress=False)
-    text = transformers.Gemma4TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=40,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        num_key_value_heads=GEMMA4_TINY["num_key_value_heads"],
-        head_dim=GEMMA4_TINY["head_dim"],
-        global_head_dim=GEMMA4_TINY["global_head_dim"],
-        max_position_embeddings=128,
-        sliding_window=GEMMA4_TINY["sliding_window"],
-        layer_types=["sliding_attention", "full_attention"],
-        rope_parameters=GEMMA4_TINY["rope_parameters"],
-        hidden_size_per_layer_input=0,
-        vocab_size_per_layer_input=0,
-    )
-    config = transformers.Gemma4AssistantConfig(
-        text_config=text, backbone_hidden_size=GEMMA4_TINY["hidden_size"]
-    )
-    draft_dir = save_hf_model(
-        transformers.Gemma4AssistantForCausalLM(config), tmp_path / "assistant"
-    )
+    draft_dir = save_hf_model(make_gemma4_assistant(), tmp_path / "assistant")
     load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")  # as written, it loads
     return target, draft_dir
 

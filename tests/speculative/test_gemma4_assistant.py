@@ -8,17 +8,17 @@ Gemma4UnifiedAssistantForCausalLM, the same model over a unified text config) dr
 
 import pytest
 import torch
-import transformers
 
-from helpers.gemma_models import make_every_weight_matter
-from helpers.gemma_sampling import GEMMA4_TINY as TARGET
 from helpers.gemma_sampling import (
+    GEMMA4_PROMPT,
     PARAMS,
     VOCAB,
     assert_follows_the_joint,
+    make_gemma4_assistant,
     make_tiny_gemma,
     sampling_llm,
 )
+from helpers.gemma_sampling import GEMMA4_TINY as TARGET
 from helpers.hf_models import save_hf_model
 from helpers.stats import exact_joint
 from outpace import LLM, SamplingParams
@@ -31,57 +31,7 @@ from outpace.models.drafts.gemma4_assistant import load_gemma4_assistant
 from outpace.models.loader import load_model
 from outpace.validation import ConfigError
 
-WINDOW = TARGET["sliding_window"]  # a 12-token vocabulary: random drafts are accepted now and then
-# the five target layers are [sliding, sliding, full, sliding, full]: the assistant reads layers 3 and 4's KV
-ASSISTANT_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
-PROMPT = [3, 1, 9, 10, 8, 4, 7, 3, 1, 9, 10, 8, 6, 5, 2, 11, 0]  # 17 tokens: over two windows of 7
-
-
-def make_assistant(ordered: bool = False, seed: int = 1, unified: bool = False, **text):
-    """A 3-layer assistant (hidden 32, 3 heads) for the target; ordered: 4 clusters of 3 tokens, 2 scored;
-    unified: Gemma4UnifiedAssistantForCausalLM over a Gemma4UnifiedTextConfig (gemma-4-12B's assistant)."""
-    t = TARGET
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=40,
-        num_hidden_layers=3,
-        num_attention_heads=3,
-        num_key_value_heads=t["num_key_value_heads"],
-        head_dim=t["head_dim"],
-        global_head_dim=t["global_head_dim"],
-        max_position_embeddings=128,
-        sliding_window=WINDOW,
-        layer_types=ASSISTANT_TYPES,
-        rope_parameters=t["rope_parameters"],
-    )
-    if unified:
-        text_config = transformers.Gemma4UnifiedTextConfig(**fields, **text)
-        config_class = transformers.Gemma4UnifiedAssistantConfig
-        model_class = transformers.Gemma4UnifiedAssistantForCausalLM
-    else:
-        text_config = transformers.Gemma4TextConfig(
-            **{**fields, "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0, **text}
-        )
-        config_class = transformers.Gemma4AssistantConfig
-        model_class = transformers.Gemma4AssistantForCausalLM
-    cfg = config_class(
-        text_config=text_config,
-        backbone_hidden_size=t["hidden_size"],
-        use_ordered_embeddings=ordered,
-        num_centroids=4,
-        centroid_intermediate_top_k=2,
-    )
-    torch.manual_seed(seed)
-    model = model_class(cfg).eval()
-    make_every_weight_matter(model)
-    with torch.no_grad():
-        for p in model.parameters():  # larger weights: drafts that depend on their inputs
-            if p.dim() == 2:
-                p.mul_(3.0)
-        if ordered:
-            model.masked_embedding.token_ordering.copy_(torch.randperm(VOCAB))
-    return model
+WINDOW = TARGET["sliding_window"]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +45,7 @@ def assistants(target, tmp_path_factory):
     """kind -> (transformers assistant, directory)."""
     out = {}
     for kind in ("plain", "ordered"):
-        model = make_assistant(ordered=kind == "ordered")
+        model = make_gemma4_assistant(ordered=kind == "ordered")
         out[kind] = (model, save_hf_model(model, tmp_path_factory.mktemp(kind)))
     return out
 
@@ -154,7 +104,7 @@ def outpace_draft(target_dir, assistant_dir, ids: list[int], steps: int, block_s
 @pytest.mark.parametrize("length", [5, 17], ids=["inside-window", "past-window"])
 def test_steps_match_transformers(kind, length, target, assistants):
     hf_assistant, path = assistants[kind]
-    ids = PROMPT[:length]
+    ids = GEMMA4_PROMPT[:length]
     expected = transformers_draft(target[0], hf_assistant, ids, 3)
     got, _ = outpace_draft(target[1], path, ids, 3)
     chosen = torch.isfinite(
@@ -173,14 +123,14 @@ def unified(tmp_path_factory):
     """gemma-4-12B's pair in small: a unified Gemma 4 target (no per-layer embeddings) and a
     Gemma4UnifiedAssistantForCausalLM -> (target model, its directory, assistant model, its directory)."""
     model, path = make_tiny_gemma("gemma4-unified", tmp_path_factory.mktemp("unified"))
-    assistant = make_assistant(unified=True)
+    assistant = make_gemma4_assistant(unified=True)
     return model, path, assistant, save_hf_model(assistant, tmp_path_factory.mktemp("assistant"))
 
 
 def test_a_unified_assistant_drafts_as_transformers_and_losslessly(unified, plain_tokens):
     hf_target, target_dir, hf_assistant, path = unified
-    expected = transformers_draft(hf_target, hf_assistant, PROMPT, 3)
-    got, _ = outpace_draft(target_dir, path, PROMPT, 3)
+    expected = transformers_draft(hf_target, hf_assistant, GEMMA4_PROMPT, 3)
+    got, _ = outpace_draft(target_dir, path, GEMMA4_PROMPT, 3)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     prompts = plain_tokens[0]
     plain = LLM(str(target_dir), block_size=4).generate(prompts, GREEDY)
@@ -198,7 +148,7 @@ def test_sliding_layers_see_the_window_plus_one(target, assistants, monkeypatch)
     """The last sliding_window + 1 target keys (transformers' flipped bidirectional mask): one key fewer
     or more changes the draft."""
     hf_assistant, path = assistants["plain"]
-    expected = transformers_draft(target[0], hf_assistant, PROMPT, 1)
+    expected = transformers_draft(target[0], hf_assistant, GEMMA4_PROMPT, 1)
     from outpace.models.drafts import gemma4_assistant
 
     init = gemma4_assistant.TargetCacheAttention.__init__
@@ -208,16 +158,16 @@ def test_sliding_layers_see_the_window_plus_one(target, assistants, monkeypatch)
             init(self, source, heads, None if window is None else window + shift)
 
         monkeypatch.setattr(gemma4_assistant.TargetCacheAttention, "__init__", shifted)
-        got, _ = outpace_draft(target[1], path, PROMPT, 1)
+        got, _ = outpace_draft(target[1], path, GEMMA4_PROMPT, 1)
         assert not torch.allclose(got, expected, rtol=1e-4, atol=1e-4), (
             f"window {WINDOW + 1 + shift} fits too"
         )
 
 
 def test_mismatched_assistant_is_refused(target, tmp_path):
-    wide = make_assistant(head_dim=16, global_head_dim=16)
+    wide = make_gemma4_assistant(head_dim=16, global_head_dim=16)
     with pytest.raises(DraftMismatchError, match="head_dim"):
-        outpace_draft(target[1], save_hf_model(wide, tmp_path / "wide"), PROMPT, 1)
+        outpace_draft(target[1], save_hf_model(wide, tmp_path / "wide"), GEMMA4_PROMPT, 1)
     with pytest.raises(ConfigError, match="topk"):
         LLM(
             str(target[1]),
@@ -232,7 +182,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def plain_tokens(target):
-    prompts = [PROMPT, PROMPT[4:11], [5, 5, 2]]
+    prompts = [GEMMA4_PROMPT, GEMMA4_PROMPT[4:11], [5, 5, 2]]
     return prompts, [
         o.token_ids for o in LLM(str(target[1]), block_size=4).generate(prompts, GREEDY)
     ]
@@ -280,7 +230,10 @@ def test_engine_drafts_are_transformers_drafts(target, assistants, monkeypatch):
         num_kv_blocks=64,
         speculative=SpeculativeConfig("gemma4_assistant", str(path), num_steps=3),
     )
-    tokens = PROMPT[:9] + llm.generate([PROMPT[:9]], GREEDY.replace(max_tokens=16))[0].token_ids
+    tokens = (
+        GEMMA4_PROMPT[:9]
+        + llm.generate([GEMMA4_PROMPT[:9]], GREEDY.replace(max_tokens=16))[0].token_ids
+    )
     assert len(seen) > 3
     for length, chain in seen:
         assert chain[0] == tokens[length]
@@ -293,7 +246,7 @@ def test_engine_drafts_are_transformers_drafts(target, assistants, monkeypatch):
 @pytest.mark.parametrize("kind", ["plain", "ordered"])
 def test_sampling_follows_the_target_distribution(kind, target, assistants):
     """Sampled drafts (q from the assistant's logits under the request's sampling) verified by rejection."""
-    prompt = PROMPT[:10]
+    prompt = GEMMA4_PROMPT[:10]
     llm = sampling_llm(
         target[1], SpeculativeConfig("gemma4_assistant", str(assistants[kind][1]), num_steps=3)
     )
