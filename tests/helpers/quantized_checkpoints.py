@@ -75,8 +75,8 @@ def _block(config: dict) -> tuple[int, int]:
 
 def float_quantized_config(strategy: str, block=None, ignore=("lm_head",)) -> dict:
     """llm-compressor's FP8 quantization_config (compressed-tensors float-quantized): weights per ``strategy``
-    ("tensor", "channel", "block" of ``block``), activations per token, dynamic (its FP8_DYNAMIC and FP8_BLOCK
-    schemes)."""
+    ("tensor", "channel", "block" of ``block``), activations per token, dynamic (its FP8_DYNAMIC scheme; its
+    FP8_BLOCK scheme quantizes them in groups of 128 columns instead, which tests set where they mean it)."""
     weights = {
         "num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "dynamic": False,
         "group_size": None, "block_structure": list(block) if block else None, "actorder": None,
@@ -119,6 +119,22 @@ def modelopt_config(exclude=()) -> dict:
             "kv_cache_quant_algo": None,
             "exclude_modules": list(exclude),
         },
+    }
+
+
+def modelopt_config_json(exclude=("lm_head",)) -> dict:
+    """config.json's quantization_config as ModelOpt's export writes it for FP8 (modelopt/torch/export/
+    convert_hf_config.py ``convert_hf_quant_config_format``): config_groups spelling per-tensor FP8 out, with
+    hf_quant_config.json's exclude_modules as ``ignore`` and its FP8 KV cache as ``kv_cache_scheme``."""
+    fp8 = {"dynamic": False, "num_bits": 8, "type": "float"}
+    group = {"input_activations": dict(fp8), "weights": dict(fp8), "targets": ["Linear"]}
+    return {
+        "config_groups": {"group_0": group},
+        "ignore": list(exclude),
+        "quant_algo": "FP8",
+        "kv_cache_scheme": dict(fp8),
+        "producer": {"name": "modelopt", "version": "0.37.0"},
+        "quant_method": "modelopt",
     }
 
 

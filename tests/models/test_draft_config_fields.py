@@ -176,6 +176,34 @@ def test_gemma4_assistant_attention_bias_not_a_bool_is_refused_by_name(tmp_path)
     assert "'false'" in message, message
 
 
+def test_a_quantized_gemma4_assistant_is_refused_by_name(tmp_path):
+    """Its layers are plain: a quantization_config (at the top or in text_config) or ModelOpt's
+    hf_quant_config.json is refused naming the file and the field, not ignored."""
+    from helpers.quantized_checkpoints import modelopt_config
+
+    target, draft_dir = tiny_assistant(tmp_path)
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    for edit, field in [
+        (lambda c: c.update(quantization_config=fp8), "'quantization_config'"),
+        (
+            lambda c: c["text_config"].update(quantization_config=fp8),
+            "'text_config.quantization_config'",
+        ),
+    ]:
+        path = draft_dir / "config.json"
+        original = path.read_text()
+        edit_config(draft_dir, edit)
+        with pytest.raises(ConfigError) as error:
+            load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")
+        assert str(error.value).startswith(f"{path}: field {field}"), str(error.value)
+        path.write_text(original)
+    (draft_dir / "hf_quant_config.json").write_text(json.dumps(modelopt_config()))
+    with pytest.raises(
+        ConfigError, match="hf_quant_config.json: declares the Gemma 4 assistant draft"
+    ):
+        load_gemma4_assistant(draft_dir, target, torch.float32, "cpu")
+
+
 # (an edit of the assistant's text_config, what the mismatch names: the field and its value)
 ASSISTANT_MISFITS = {
     "vocab_size": (

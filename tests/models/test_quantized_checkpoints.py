@@ -294,6 +294,24 @@ def test_nemotron_h_modelopt_fp8(hybrids, tmp_path):
     assert hybrid_logits(q_dir).token_ids == hybrid_logits(ref_dir).token_ids
 
 
+def test_modelopt_fp8_in_config_json_as_its_export_writes_it(hf_checkpoints, tmp_path):
+    """ModelOpt's config.json form (quant_method modelopt, quant_algo FP8, the config_groups that spell it out,
+    ignore, kv_cache_scheme): per-tensor weight_scale and input_scale; logits and greedy tokens equal the
+    dequantized twin's."""
+    from helpers.quantized_checkpoints import modelopt_config_json
+
+    _, src = hf_checkpoints("llama")
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_tensor", is_projection, modelopt_config_json(["lm_head"])
+    )
+    assert not (q_dir / "hf_quant_config.json").exists()
+    names = matches_its_dequantized_twin(q_dir, ref_dir, vocab=203)
+    assert len(names) == 7 * 3  # q, k, v, o, gate, up, down of every layer
+    layer = load_model(q_dir, torch.float32).get_submodule(names[0])
+    assert layer.format.scheme.producer == "ModelOpt"
+    assert layer.stored_weight.dtype == torch.float8_e4m3fn
+
+
 def test_qwen3_moe_block_fp8_experts_and_attention(tmp_path):
     """Qwen3-30B-A3B-FP8's layout: every projection block FP8 (each expert's and the attention's, bf16 scales),
     the router and the head unquantized; logits and greedy tokens equal the dequantized twin's."""
@@ -405,6 +423,20 @@ def test_an_eagle3_draft_over_a_quantized_target_is_lossless(tmp_path, method, c
         outs = LLM(str(q_dir), block_size=4, speculative=spec).generate(PROMPTS, GREEDY)
         assert [o.token_ids for o in outs] == plain, spec
         assert sum(o.spec_metrics.num_verifies for o in outs) > 0
+
+
+def test_a_dummy_load_refusing_a_format_names_the_file_that_set_it(tmp_path):
+    """Per-tensor FP8 for Step-3.5's stacked experts, which only block FP8 quantizes: a dummy load's refusal
+    names the file the format came from (ModelOpt's hf_quant_config.json here, not config.json)."""
+    from helpers.quantized_checkpoints import modelopt_config
+    from helpers.step3p5_checkpoints import CONFIG, write_checkpoint
+
+    source, _ = write_checkpoint(tmp_path, CONFIG)
+    (source / "hf_quant_config.json").write_text(json.dumps(modelopt_config(["lm_head"])))
+    with pytest.raises(
+        ConfigError, match=r"hf_quant_config.json: per-tensor FP8 .* stacked experts"
+    ):
+        load_model(source, torch.float32, load_format="dummy")
 
 
 def test_step3p5_block_fp8_stacked_experts(tmp_path):
@@ -545,6 +577,23 @@ def test_compressed_tensors_fp8_as_llm_compressor_writes_it(strategy, hf_checkpo
     layer = load_model(q_dir, torch.float32).get_submodule(names[0])
     assert layer.format.scheme.method == FLOAT_LAYOUTS[strategy]
     assert layer.stored_weight.dtype == torch.float8_e4m3fn
+
+
+def test_compressed_tensors_fp8_block_with_grouped_activations(hf_checkpoints, tmp_path):
+    """llm-compressor's FP8_BLOCK scheme as it writes it: block weights, input activations dynamic in groups
+    (``strategy: group``, one group a block's columns). Logits and greedy tokens equal the dequantized twin's."""
+    from helpers.quantized_checkpoints import float_quantized_config
+
+    _, src = hf_checkpoints("llama")
+    config = float_quantized_config("block", (16, 16))
+    config["config_groups"]["group_0"]["input_activations"].update(strategy="group", group_size=16)
+    q_dir, ref_dir = write_quantized(
+        src, tmp_path, "fp8_block", is_projection, config, torch.bfloat16,
+        tensor_names=("weight_scale", "input_scale"),
+    )  # fmt: skip
+    names = matches_its_dequantized_twin(q_dir, ref_dir, vocab=203)
+    assert len(names) == 7 * 3  # q, k, v, o, gate, up, down of every layer
+    assert load_model(q_dir, torch.float32).get_submodule(names[0]).format.scheme.block == (16, 16)
 
 
 def test_per_channel_fp8_experts_as_redhat_publishes_qwen3_moe(tmp_path):

@@ -280,6 +280,20 @@ def test_unimplemented_dflash_fields_are_refused_by_name(tmp_path, tinypy, confi
     assert_names(error, d / "config.json", field)
 
 
+@pytest.mark.parametrize("name", ["tinypy-eagle3", "tinypy-dflash"])
+def test_a_draft_with_a_modelopt_quantization_file_is_refused_naming_it(tmp_path, tinypy, name):
+    """hf_quant_config.json beside a draft's config.json (ModelOpt's quantized export) declares it quantized, as a
+    quantization_config does: refused naming the file, not loaded as plain layers."""
+    from helpers.quantized_checkpoints import modelopt_config
+
+    d = copy_of(tmp_path, name)
+    (d / "hf_quant_config.json").write_text(json.dumps(modelopt_config()))
+    load = load_eagle3_draft if name.endswith("eagle3") else load_dflash_draft
+    with pytest.raises(ConfigError) as error:
+        load(d, tinypy, torch.float32, "cpu")
+    assert_names(error, d / "hf_quant_config.json", "drafts are not implemented")
+
+
 def test_neutral_values_of_those_fields_load(tmp_path, tinypy):
     def eagle3(cfg):
         cfg.update(architectures=["Eagle3LlamaForCausalLM"], logit_scale=1.0)

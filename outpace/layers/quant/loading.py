@@ -39,7 +39,12 @@ from outpace.layers.quant.linear import (
     QuantizedLinear,
     quantized_like,
 )
-from outpace.layers.quant.scheme import INT4_GROUP, QuantScheme, per_tensor_names
+from outpace.layers.quant.scheme import (
+    INT4_GROUP,
+    MODELOPT_CONFIG_FILE,
+    QuantScheme,
+    per_tensor_names,
+)
 from outpace.validation import ConfigError
 
 # safetensors' dtype names (its header) -> torch dtypes, for the tensors this module looks at
@@ -410,7 +415,7 @@ def quantize_dummy_modules(
     for name, module in list(model.named_modules(remove_duplicate=False)):
         if name and has_packed_stacks(module):
             raise ConfigError(
-                f"quantization_config: {scheme.description} for the fused expert stacks "
+                f"{_config_field(scheme)}: {scheme.description} for the fused expert stacks "
                 f"{to_ckpt(name)!r}: a dummy load does not quantize them (a checkpoint's per-tensor FP8 "
                 "stacks load: layers/quant/experts.py quantize_packed_stacks)"
             )
@@ -423,7 +428,7 @@ def quantize_dummy_modules(
             continue
         if stacked and not isinstance(fmt, Fp8Block):
             raise ConfigError(
-                f"quantization_config: {scheme.description} for the stacked experts {prefix!r}: only "
+                f"{_config_field(scheme)}: {scheme.description} for the stacked experts {prefix!r}: only "
                 "block-FP8 stacks are implemented (Step-3.5-Flash-FP8's layout)"
             )
         if scheme.group is not None and module.in_features % scheme.group:
@@ -434,6 +439,14 @@ def quantize_dummy_modules(
             replaced[id(module)] = make(module, fmt, scale_dtype, prefix, device)
     _replace_everywhere(model, replaced)
     return len(replaced)
+
+
+def _config_field(scheme: QuantScheme) -> str:
+    """Where ``scheme`` was read, for errors: config.json's ``quantization_config`` field, or ModelOpt's
+    hf_quant_config.json."""
+    if Path(scheme.source).name == MODELOPT_CONFIG_FILE:
+        return scheme.source
+    return f"{scheme.source}: field 'quantization_config'"
 
 
 def fill_dummy_quantized(

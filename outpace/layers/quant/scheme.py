@@ -18,8 +18,9 @@ The published formats (the facts each parser checks, with where they come from):
   (compressed-tensors utils/match.py ``match_name``; vLLM compressed_tensors.py reads the same fields);
 - ModelOpt FP8 (Nemotron-H FP8): ``hf_quant_config.json`` ``{"quantization": {"quant_algo": "FP8",
   "kv_cache_quant_algo": ..., "exclude_modules": [...]}}``, or the same in ``config.json`` as
-  ``quant_method: "modelopt"`` with ``quant_algo`` and ``ignore`` (vLLM modelopt.py
-  ``ModelOptQuantConfigBase.from_config`` reads both forms; ``exclude_modules`` are fnmatch wildcards).
+  ``quant_method: "modelopt"`` with ``quant_algo``, ``ignore``, ``kv_cache_scheme`` and the ``config_groups`` that
+  spell FP8 out (vLLM modelopt.py ``ModelOptQuantConfigBase.from_config`` reads both forms; ``exclude_modules``
+  are fnmatch wildcards).
 
 Anything else (another method, format, bit width, strategy, an option this module does not name) is refused
 by name: a ``ConfigError`` naming the file and the field.
@@ -281,16 +282,14 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
     ):  # informational when null
         if fields.get(name):
             raise fields.fail(name, fields.get(name), "null (not implemented)")
-    groups = fields.mapping("config_groups")
-    if groups is None or not groups.data:
-        raise fields.fail(
-            "config_groups", fields.get("config_groups"), "an object of one or more groups"
-        )
+    groups = _config_groups(fields)
     exclude, field = _exclude_list(fields, ("ignore",))
     if fields.get("format") == "float-quantized":
-        layouts = {_fp8_group(groups.mapping(name)) for name in groups.data}
+        layouts = {_fp8_group(group) for group in groups}
         if len(layouts) != 1:
-            raise fields.fail("config_groups", groups.data, "groups of one strategy and block")
+            raise fields.fail(
+                "config_groups", fields.get("config_groups"), "groups of one strategy and block"
+            )
         method, block = layouts.pop()
         # (compressed-tensors names the scales as ModelOpt does, whatever the strategy)
         return QuantScheme(
@@ -298,13 +297,26 @@ def _compressed_tensors(fields: ConfigFields) -> QuantScheme:
             exclude_match="regex", tensor_names=FP8_TENSOR_NAMES, producer="compressed-tensors",
             kv_cache_quant_algo=kv_algo,
         )  # fmt: skip
-    group_sizes = {_int4_group(groups.mapping(name)) for name in groups.data}
+    group_sizes = {_int4_group(group) for group in groups}
     if len(group_sizes) != 1:
-        raise fields.fail("config_groups", groups.data, "groups of one group_size")
+        raise fields.fail("config_groups", fields.get("config_groups"), "groups of one group_size")
     return QuantScheme(
         INT4_GROUP, fields.source, group=group_sizes.pop(), exclude=exclude, exclude_field=field,
         exclude_match="regex", kv_cache_quant_algo=kv_algo,
     )  # fmt: skip
+
+
+def _config_groups(fields: ConfigFields) -> list[ConfigFields]:
+    """``config_groups``: an object of one or more groups, each an object (errors name the group)."""
+    groups = fields.mapping("config_groups")
+    if groups is None or not groups.data:
+        raise fields.fail(
+            "config_groups", fields.get("config_groups"), "an object of one or more groups"
+        )
+    for name, group in groups.data.items():
+        if not isinstance(group, dict):
+            raise groups.fail(name, group, "an object (a config group)")
+    return [groups.mapping(name) for name in groups.data]
 
 
 # compressed-tensors' float strategies (quantization/quant_args.py QuantizationStrategy) -> outpace's format
@@ -314,8 +326,10 @@ _FP8_STRATEGIES = {"tensor": FP8_TENSOR, "channel": FP8_CHANNEL, "block": FP8_BL
 def _fp8_group(group: ConfigFields) -> tuple[str, tuple[int, int] | None]:
     """One float-quantized config group (llm-compressor's FP8, FP8_DYNAMIC and FP8_BLOCK schemes): Linear
     targets, 8-bit float symmetric weights per tensor, per output channel or in blocks -> (format, block).
-    Activations may be quantized per token or per tensor, dynamically or with static scales: the products here
-    are weight-only (activations stay high precision; a static ``input_scale`` is loaded, not applied)."""
+    Activations may be quantized per token or per tensor, dynamically or with static scales, or beside block
+    weights dynamically in groups of columns (FP8_BLOCK: groups of 128, as DeepSeek-V3's act_quant): the products
+    here are weight-only (activations stay high precision; a static ``input_scale`` is loaded, not applied), or
+    block FP8's (fp8_linear_kernel.py)."""
     _refuse_unknown(
         group, {"targets", "weights", "input_activations", "output_activations", "format"}
     )
@@ -325,9 +339,15 @@ def _fp8_group(group: ConfigFields) -> tuple[str, tuple[int, int] | None]:
     if group.get("output_activations") is not None:
         raise group.fail("output_activations", group.get("output_activations"), "null")
     weights = _float8_args(group, "weights", ("tensor", "channel", "block"))
+    # weights quantized at run time (vLLM compressed_tensors.py _is_fp8_w8a8 takes static weights only): not
+    # the stored fp8 weights and scales this format reads
+    _require_value(weights, "dynamic", (False,), False)
+    # (absent: per tensor, QuantizationArgs' default without a group_size)
+    strategy = weights.get("strategy") or "tensor"
+    activations = None
     if group.get("input_activations") is not None:
-        _float8_args(group, "input_activations", ("token", "tensor"))
-    strategy = weights.get("strategy")
+        grouped = ("group",) if strategy == "block" else ()
+        activations = _float8_args(group, "input_activations", ("token", "tensor", *grouped))
     if strategy != "block":
         _require_value(weights, "block_structure", (None,))
         return _FP8_STRATEGIES[strategy], None
@@ -336,11 +356,17 @@ def _fp8_group(group: ConfigFields) -> tuple[str, tuple[int, int] | None]:
         isinstance(block, list) and len(block) == 2 and all(is_int(b) and b > 0 for b in block)
     ):
         raise weights.fail("block_structure", block, "two positive integers [rows, columns]")
+    if activations is not None and activations.get("strategy") == "group":
+        # FP8_BLOCK's: dynamic groups as wide as a weight block (DeepSeek-V3's act_quant beside its 128 x 128
+        # blocks); static groups no published scheme writes
+        _require_value(activations, "dynamic", (True,))
+        _require_value(activations, "group_size", (block[1],))
     return FP8_BLOCK, (block[0], block[1])
 
 
 def _float8_args(group: ConfigFields, name: str, strategies: tuple[str, ...]) -> ConfigFields:
-    """``group[name]``: 8-bit float, symmetric, one of ``strategies``, no groups or reordering."""
+    """``group[name]``: 8-bit float, symmetric, one of ``strategies`` (strategy "group" with its group_size), no
+    reordering."""
     args = group.mapping(name)
     if args is None:
         raise group.fail(name, group.get(name), "an object")
@@ -353,12 +379,11 @@ def _float8_args(group: ConfigFields, name: str, strategies: tuple[str, ...]) ->
     _require_value(args, "symmetric", (True,), True)
     _require_value(args, "strategy", strategies, "tensor")
     _require_value(args, "dynamic", (False, True), False)
-    for field in (
-        "group_size",
-        "actorder",
-        "scale_dtype",
-        "zp_dtype",
-    ):  # observer*: calibration only
+    if args.get("strategy") == "group":
+        args.integer("group_size")
+    else:
+        _require_value(args, "group_size", (None,))
+    for field in ("actorder", "scale_dtype", "zp_dtype"):  # observer*: calibration only
         _require_value(args, field, (None,))
     return args
 
@@ -416,14 +441,39 @@ def _modelopt_file(fields: ConfigFields) -> QuantScheme:
 
 
 def _modelopt_inline(fields: ConfigFields) -> QuantScheme:
-    """config.json's ModelOpt form: the file's ``quantization`` object nested, or flat with ``ignore`` and
-    ``kv_cache_scheme`` (vLLM ModelOptQuantConfigBase.from_config)."""
+    """config.json's ModelOpt form: the file's ``quantization`` object nested, or flat with ``ignore``,
+    ``kv_cache_scheme`` and the ``config_groups`` that spell ``quant_algo`` out (vLLM
+    ModelOptQuantConfigBase.from_config reads the first three; ModelOpt's export writes all four:
+    modelopt/torch/export/convert_hf_config.py ``convert_hf_quant_config_format``)."""
     nested = fields.mapping("quantization")
     if nested is not None:
         _refuse_unknown(fields, {"quant_method", "quantization", "producer"})
         return _modelopt(nested, "exclude_modules", nested.get("kv_cache_quant_algo"))
-    _refuse_unknown(fields, {"quant_method", "quant_algo", "ignore", "kv_cache_scheme", "producer"})
-    return _modelopt(fields, "ignore", _fp8_kv_cache_scheme(fields), known_checked=True)
+    known = {"quant_method", "quant_algo", "ignore", "kv_cache_scheme", "producer", "config_groups"}
+    _refuse_unknown(fields, known)
+    scheme = _modelopt(fields, "ignore", _fp8_kv_cache_scheme(fields), known_checked=True)
+    if fields.get("config_groups") is not None:
+        for group in _config_groups(fields):
+            _modelopt_fp8_group(group)
+    return scheme
+
+
+def _modelopt_fp8_group(group: ConfigFields) -> None:
+    """A config group ModelOpt writes beside ``quant_algo: FP8`` (``convert_hf_quant_config_format``): Linear
+    targets (absent in older exports), 8-bit float weights per tensor with stored scales, static 8-bit float
+    input activations per tensor (or none). Any other group contradicts the per-tensor FP8 this scheme reads, and
+    is refused by name."""
+    _refuse_unknown(group, {"targets", "weights", "input_activations", "output_activations"})
+    if group.get("targets") is not None and group.strings("targets") != ["Linear"]:
+        raise group.fail(
+            "targets", group.get("targets"), '["Linear"] or absent (others are not implemented)'
+        )
+    if group.get("output_activations") is not None:
+        raise group.fail("output_activations", group.get("output_activations"), "null")
+    for name in ("weights", "input_activations"):
+        if name == "weights" or group.get(name) is not None:
+            args = _float8_args(group, name, ("tensor",))
+            _require_value(args, "dynamic", (False,), False)
 
 
 def _fp8_kv_cache_scheme(fields: ConfigFields) -> str | None:

@@ -46,7 +46,12 @@ from outpace.layers.fused_decoder import (
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
 from outpace.model_config import ModelConfig, errors_name_file
-from outpace.models.drafts.eagle3 import DraftMismatchError, refuse_quantized, tensor_shapes
+from outpace.models.drafts.eagle3 import (
+    DraftMismatchError,
+    refuse_quantization_file,
+    refuse_quantized,
+    tensor_shapes,
+)
 from outpace.models.llama import build_rotary
 from outpace.models.loader import default_dtype
 from outpace.validation import (
@@ -373,6 +378,7 @@ def load_dflash_draft(
     path = draft_dir / "config.json"
     raw = read_json_object(path)
     cfg = DFlashConfig.from_dict(raw, str(path))
+    refuse_quantization_file(draft_dir, "DFlash")
     # where config.json gives the dflash fields (dflash_config or the top level), named in the problems
     dflash = ConfigFields(raw.get("dflash_config") or {}, str(path))
     ids_field, mask_field = _where(dflash, "target_layer_ids"), _where(dflash, "mask_token_id")

@@ -61,6 +61,7 @@ from outpace.layers.fused_decoder import (
 )
 from outpace.layers.linear import linear
 from outpace.layers.norm import RMSNorm
+from outpace.layers.quant.scheme import MODELOPT_CONFIG_FILE
 from outpace.model_config import SIZE_FIELDS, ModelConfig, errors_name_file
 from outpace.models.drafts.eagle3_aux_ids import FIRST_ID_RULE, AuxIdConvention
 from outpace.models.llama import build_rotary
@@ -262,6 +263,17 @@ def refuse_quantized(fields: ConfigFields, kind: str) -> None:
             "quantization_config",
             quantization,
             f"absent (quantized {kind} drafts are not implemented)",
+        )
+
+
+def refuse_quantization_file(draft_dir: Path, kind: str) -> None:
+    """Refuse a draft that ModelOpt's ``hf_quant_config.json`` beside its config.json declares quantized (a
+    target reads that file: model_config.py), as ``refuse_quantized`` refuses config.json's own field."""
+    path = Path(draft_dir) / MODELOPT_CONFIG_FILE
+    if path.is_file():
+        raise ConfigError(
+            f"{path}: declares the {kind} draft quantized (ModelOpt's quantization file): quantized "
+            f"{kind} drafts are not implemented"
         )
 
 
@@ -570,6 +582,7 @@ def load_eagle3_draft(
     draft_dir = Path(draft_dir)
     path = draft_dir / "config.json"
     cfg = Eagle3Config.from_dict(read_json_object(path), str(path))
+    refuse_quantization_file(draft_dir, "EAGLE3")
     tcfg: ModelConfig = target.config
     cfg = dataclasses.replace(
         cfg, layer=covering_positions(cfg.layer, tcfg.max_position_embeddings)

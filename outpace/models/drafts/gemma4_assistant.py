@@ -45,7 +45,11 @@ from outpace.layers.embedding import LMHead, VocabEmbedding
 from outpace.layers.linear import linear
 from outpace.layers.norm import Float32RMSNorm
 from outpace.model_config import ModelConfig, errors_name_file
-from outpace.models.drafts.eagle3 import DraftMismatchError
+from outpace.models.drafts.eagle3 import (
+    DraftMismatchError,
+    refuse_quantization_file,
+    refuse_quantized,
+)
 from outpace.models.gemma import config_flag, layer_type, layer_type_ropes, refuse
 from outpace.models.gemma4 import (
     DEFAULT_ROPE_PARAMETERS,
@@ -143,6 +147,9 @@ class AssistantConfig:
             raise fields.fail(
                 "text_config", None, "an object (the assistant's Gemma 4 text config)"
             )
+        # (its layers are plain, as an EAGLE3 or DFlash draft's)
+        refuse_quantized(fields, "Gemma 4 assistant")
+        refuse_quantized(text_fields, "Gemma 4 assistant")
         text = dict(text_fields.data, architectures=["Gemma4ForCausalLM"])
         for key in REQUIRED_OFF:
             if text.get(key):
@@ -355,6 +362,7 @@ def load_gemma4_assistant(
         )
     path = draft_dir / "config.json"
     cfg = AssistantConfig.from_dict(read_json_object(path), str(path))
+    refuse_quantization_file(draft_dir, "Gemma 4 assistant")
     cfg = dataclasses.replace(
         cfg, text=covering_positions(cfg.text, target.config.max_position_embeddings)
     )

@@ -109,3 +109,106 @@ def test_scales_shard_with_their_blocks_and_a_cut_block_is_refused():
     assert scale_shard(packed, (128, 128), "in_proj", "scale") == PackedShard(
         0, ((2, 1, 1), (4, 2, 2))
     )
+
+
+def _modelopt_config_json(**group_changes) -> dict:
+    """ModelOpt's config.json form of FP8 with ``group_changes`` ("weights__num_bits": 4) made to its group."""
+    from helpers.quantized_checkpoints import modelopt_config_json
+
+    config = modelopt_config_json()
+    for path, value in group_changes.items():
+        *parents, leaf = path.split("__")
+        node = config["config_groups"]["group_0"]
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return config
+
+
+def test_modelopt_config_json_with_its_config_groups_parses():
+    scheme = parse_quantization_config(_modelopt_config_json(), "config.json")
+    assert (scheme.method, scheme.kv_cache_quant_algo, scheme.exclude) == (
+        FP8_TENSOR,
+        "FP8",
+        ("lm_head",),
+    )
+    older = _modelopt_config_json()  # (older exports write no targets)
+    del older["config_groups"]["group_0"]["targets"]
+    assert parse_quantization_config(older, "config.json").method == FP8_TENSOR
+
+
+@pytest.mark.parametrize(
+    "change,named",
+    [
+        ({"weights__num_bits": 4}, "group_0.weights.num_bits"),
+        ({"weights__strategy": "channel"}, "group_0.weights.strategy"),
+        ({"weights__dynamic": True}, "group_0.weights.dynamic"),
+        ({"input_activations__dynamic": True}, "group_0.input_activations.dynamic"),
+        ({"input_activations__group_size": 16}, "group_0.input_activations.group_size"),
+        ({"targets": ["re:.*experts.*"]}, "group_0.targets"),
+        ({"pre_quant_scale": True}, "group_0.pre_quant_scale"),
+    ],
+)
+def test_modelopt_config_groups_that_are_not_per_tensor_fp8_are_refused_by_name(change, named):
+    with pytest.raises(
+        ConfigError, match=f"config.json: field 'quantization_config.config_groups.{named}'"
+    ):
+        parse_quantization_config(_modelopt_config_json(**change), "config.json")
+
+
+@pytest.mark.parametrize("fmt", ["int4", "float"])
+def test_a_null_config_group_is_refused_by_name(fmt):
+    from helpers.quantized_checkpoints import float_quantized_config, int4_config
+
+    cfg = int4_config(32) if fmt == "int4" else float_quantized_config("channel")
+    cfg["config_groups"]["group_0"] = None
+    with pytest.raises(
+        ConfigError, match="'quantization_config.config_groups.group_0' must be an object"
+    ):
+        parse_quantization_config(cfg, "config.json")
+
+
+def test_float_weights_without_a_strategy_are_per_tensor_and_dynamic_weights_are_refused():
+    """compressed-tensors QuantizationArgs: no strategy and no group_size is per tensor. Weights quantized at run
+    time (``dynamic: true``) are not the stored fp8 weights and scales this format reads."""
+    from helpers.quantized_checkpoints import float_quantized_config
+
+    cfg = float_quantized_config("tensor")
+    del cfg["config_groups"]["group_0"]["weights"]["strategy"]
+    assert parse_quantization_config(cfg, "config.json").method == FP8_TENSOR
+    for strategy in ("tensor", "channel"):
+        cfg = float_quantized_config(strategy)
+        cfg["config_groups"]["group_0"]["weights"]["dynamic"] = True
+        with pytest.raises(ConfigError, match="group_0.weights.dynamic' must be False"):
+            parse_quantization_config(cfg, "config.json")
+
+
+def _fp8_block_preset(**activations) -> dict:
+    """llm-compressor's FP8_BLOCK scheme (compressed-tensors quant_scheme.py): 128 x 128 weight blocks, activations
+    dynamic in groups of 128 columns; ``activations`` changed."""
+    from helpers.quantized_checkpoints import float_quantized_config
+
+    config = float_quantized_config("block", (128, 128))
+    acts = config["config_groups"]["group_0"]["input_activations"]
+    acts.update(strategy="group", group_size=128, dynamic=True)
+    acts.update(activations)
+    return config
+
+
+def test_llm_compressor_fp8_block_with_its_grouped_activations_parses():
+    scheme = parse_quantization_config(_fp8_block_preset(), "config.json")
+    assert (scheme.method, scheme.block) == (FP8_BLOCK, (128, 128))
+
+
+@pytest.mark.parametrize(
+    "activations,named",
+    [
+        ({"dynamic": False}, "input_activations.dynamic"),
+        ({"group_size": None}, "input_activations.group_size"),
+        ({"group_size": 0}, "input_activations.group_size"),
+        ({"group_size": 64}, "input_activations.group_size' must be 128"),
+    ],
+)
+def test_grouped_activations_that_fp8_block_does_not_write_are_refused_by_name(activations, named):
+    with pytest.raises(ConfigError, match=named):
+        parse_quantization_config(_fp8_block_preset(**activations), "config.json")
