@@ -42,6 +42,10 @@ NEUTRAL: dict[str, Any] = {
     "use_beam_search": False,
     "length_penalty": 1.0,
     "priority": 0,
+    "echo": False,  # (a chat's: the completions' echo is implemented)
+    "return_tokens_as_token_ids": False,
+    "return_token_ids": False,
+    "bad_words": [],
 }
 
 
@@ -101,8 +105,11 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False  # usage on every chunk
+    """As vLLM reads them: given, ``stream_options`` asks for a usage chunk unless ``include_usage`` is false (vLLM's
+    default, where OpenAI's is false); ``continuous_usage_stats`` (usage on every chunk too) needs it."""
+
+    include_usage: bool = True
+    continuous_usage_stats: bool = False
 
 
 class StructuredOutputs(_Body):
@@ -173,9 +180,16 @@ class SamplingFields(_Body):
 
     def check_supported(self) -> None:
         """Refuse (400) what outpace does not implement rather than ignore it silently."""
-        if self.stream_options is not None and not self.stream:
+        o = self.stream_options
+        if o is not None and not self.stream:
             raise bad_request(
                 "stream_options is only allowed when stream is true", "stream_options"
+            )
+        if o is not None and o.continuous_usage_stats and not o.include_usage:
+            raise bad_request(
+                "stream_options.continuous_usage_stats puts usage on every chunk: it needs include_usage "
+                "true (the default), not false",
+                "stream_options.continuous_usage_stats",
             )
         self.logit_bias_ids()
         self.constraint()
@@ -212,6 +226,13 @@ class SamplingFields(_Body):
                 f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
                 "response_format",
             )
+        if fmt is not None:
+            _refuse_unknown_keys(fmt, _RESPONSE_FORMAT_KEYS, "response_format")
+            if kind != "json_schema" and fmt.get("json_schema") is not None:
+                raise bad_request(
+                    f"response_format.json_schema applies to type json_schema, not {kind!r}",
+                    "response_format.json_schema",
+                )
         if kind == "json_object":
             given.append(("response_format", {"json_object": True}))
         if kind == "json_schema":
@@ -219,6 +240,7 @@ class SamplingFields(_Body):
             if not isinstance(described, dict):
                 param = "response_format.json_schema"
                 raise bad_request(f"{param} must be an object holding the schema", param)
+            _refuse_unknown_keys(described, _JSON_SCHEMA_KEYS, "response_format.json_schema")
             schema = described.get("schema")
             param = "response_format.json_schema.schema"
             if not isinstance(schema, dict):
@@ -290,13 +312,29 @@ class SamplingFields(_Body):
 
     @property
     def include_usage(self) -> bool:
-        """A usage chunk ends the stream (``continuous_usage_stats`` asks for usage, so it too)."""
-        o = self.stream_options
-        return bool(o and (o.include_usage or o.continuous_usage_stats))
+        """A usage chunk ends the stream."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     @property
     def continuous_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+        return self.include_usage and self.stream_options.continuous_usage_stats
+
+
+# OpenAI's response_format and its json_schema (vLLM's ResponseFormat, JsonSchemaResponseFormat): kept as dicts,
+# their keys checked here so that a key outpace does not read is refused by name, not ignored.
+_RESPONSE_FORMAT_KEYS = ("type", "json_schema")
+_JSON_SCHEMA_KEYS = ("name", "description", "schema", "strict")
+
+
+def _refuse_unknown_keys(value: dict[str, Any], known: tuple[str, ...], at: str) -> None:
+    """400 naming the first key of ``value`` (the object at ``at``) not among ``known``; a null counts as absent."""
+    for key, item in value.items():
+        if item is not None and key not in known:
+            raise unsupported(
+                f"{at}.{key} is not a field this server implements (refused rather than ignored): "
+                f"{at} takes {', '.join(known)}",
+                f"{at}.{key}",
+            )
 
 
 class CompletionRequest(SamplingFields):
@@ -413,11 +451,13 @@ def tool_dicts(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
 
 
 def check_template_kwargs(kwargs: dict[str, Any] | None) -> None:
-    """chat_template_kwargs are the template's variables: apply_chat_template's own parameters are refused."""
+    """chat_template_kwargs are the template's variables: what the call sets (apply_chat_template's own
+    parameters, the ``messages`` it renders) is refused."""
     for key in kwargs or {}:
         if key in _TEMPLATE_PARAMETERS:
             raise bad_request(
-                f"{key} is a parameter of the chat template's call, not a variable of the template",
+                f"{key} is set by the server's call of the chat template, not by chat_template_kwargs "
+                "(the template's other variables)",
                 f"chat_template_kwargs.{key}",
             )
 
@@ -445,9 +485,15 @@ class NamedToolChoice(_Body):
     function: ToolChoiceFunction
 
 
-# apply_chat_template's own parameters: not for chat_template_kwargs to set
+# apply_chat_template's own parameters and render's ``messages`` (transformers' chat_template_utils.py
+# ``render_jinja_template``): not for chat_template_kwargs to set (a collision was a TypeError, a parameter such as
+# ``sanitize_control_tokens`` changed the call)
 _TEMPLATE_PARAMETERS = {
+    "self",
     "conversation",
+    "conversations",
+    "messages",
+    "sanitize_control_tokens",
     "tools",
     "documents",
     "chat_template",
@@ -493,6 +539,12 @@ class ChatCompletionRequest(SamplingFields):
                 f"top_logprobs={self.top_logprobs} is more than {MAX_LOGPROBS}", "top_logprobs"
             )
         check_template_kwargs(self.chat_template_kwargs)
+        if self.tool_choice == "auto" and self.tools is None:  # (vLLM's and OpenAI's refusal)
+            raise bad_request(
+                'tool_choice "auto" chooses among tools, and none are given: give tools or leave '
+                "tool_choice out",
+                "tool_choice",
+            )
         if self.continue_final_message:
             if self.add_generation_prompt:
                 raise bad_request(
@@ -540,8 +592,9 @@ class ChatCompletionRequest(SamplingFields):
 
     def constraint_source(self) -> tuple[str, dict[str, Any]] | None:
         """A forced tool choice constrains the output to JSON, as vLLM's does
-        (vllm/entrypoints/openai/protocol.py ``_get_json_schema_from_tool``): the named function's arguments,
-        or for "required" an array of at least one ``{"name", "parameters"}`` of any tool."""
+        (vllm/entrypoints/openai/protocol.py ``_get_json_schema_from_tool``): the named function's arguments
+        (the field ``tools.<i>.function.parameters``), or for "required" an array of at least one
+        ``{"name", "parameters"}`` of any tool (the field ``tool_choice``)."""
         given, forced = super().constraint_source(), self.forced_tool
         if forced is None:
             return given
@@ -549,9 +602,15 @@ class ChatCompletionRequest(SamplingFields):
             raise bad_request(
                 f"tool_choice and {given[0]} both constrain the output: give one", given[0]
             )
-        tools = {
-            t.function.name: t.function.parameters or {"type": "object"} for t in self.tools or []
-        }
+        tools: dict[str, dict[str, Any]] = {}
+        for i, t in enumerate(self.tools or []):
+            if t.function.name in tools:  # (one definition was dropped from the constraint)
+                raise bad_request(
+                    f"tools define the function {t.function.name!r} twice, and a forced tool_choice "
+                    "constrains the call to the schema of one",
+                    f"tools.{i}.function.name",
+                )
+            tools[t.function.name] = t.function.parameters or {"type": "object"}
         if not tools:
             raise bad_request(
                 "tool_choice forces a tool call, but no tools are given", "tool_choice"
@@ -561,8 +620,9 @@ class ChatCompletionRequest(SamplingFields):
                 f"tool_choice names the function {forced!r}, which tools do not define",
                 "tool_choice.function.name",
             )
-        if forced != "required":
-            return "tool_choice", {"json": tools[forced]}
+        if forced != "required":  # (the named function's schema: a fault in it is that field's)
+            i = next(i for i, t in enumerate(self.tools) if t.function.name == forced)
+            return f"tools.{i}.function.parameters", {"json": tools[forced]}
         hoisted, tools = _hoist_definitions(tools)
         calls = [
             {
@@ -621,8 +681,13 @@ class TokenizeRequest(_Body):
     def check_supported(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise bad_request("give either prompt or messages", "prompt")
-        chat_only = ("tools", "chat_template_kwargs", "continue_final_message")
-        given = [name for name in chat_only if getattr(self, name)]
+        chat_only = (
+            "tools",
+            "chat_template_kwargs",
+            "add_generation_prompt",
+            "continue_final_message",
+        )
+        given = [name for name in chat_only if name in self.model_fields_set]
         if self.prompt is not None and given:
             raise bad_request(f"{given[0]} applies to messages, not to a prompt", given[0])
         check_template_kwargs(self.chat_template_kwargs)
@@ -717,9 +782,25 @@ _UNION_MEMBER = re.compile(r"str|int|float|bool|.*[\[\]-].*")
 
 def _field(loc: tuple) -> str | None:
     """The dotted field path of an error's location, less the union members pydantic names in it
-    (``guided_json.str``: the value failed the ``str`` member of ``str | dict``)."""
-    kept = [str(x) for x in loc if isinstance(x, int) or not _UNION_MEMBER.fullmatch(x)]
+    (``guided_json.str``: the value failed the ``str`` member of ``str | dict``; ``tool_choice.NamedToolChoice``:
+    the ``NamedToolChoice`` member of ``tool_choice``'s union)."""
+    kept = [
+        str(x)
+        for x in loc
+        if isinstance(x, int) or not (_UNION_MEMBER.fullmatch(x) or x in _model_names())
+    ]
     return ".".join(kept) or None
+
+
+def _model_names() -> set[str]:
+    """The request models' class names, which pydantic puts in an error's location for a union member that is a
+    model (``tool_choice.NamedToolChoice.type``): not a field of the request."""
+    names, todo = set(), [_Body]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return names
 
 
 def _short(value: Any) -> str:

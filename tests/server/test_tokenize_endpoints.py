@@ -83,6 +83,19 @@ def test_model_card_has_vllm_fields(http):
             400,
             "add_generation_prompt",
         ),
+        # (a chat field beside a prompt means nothing: refused, not ignored)
+        (
+            "/tokenize",
+            {"prompt": "x", "add_generation_prompt": False},
+            400,
+            "add_generation_prompt",
+        ),
+        (
+            "/tokenize",
+            {"prompt": "x", "continue_final_message": False},
+            400,
+            "continue_final_message",
+        ),
         ("/tokenize", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
         ("/detokenize", {"tokens": [VOCAB]}, 400, "tokens"),
         ("/detokenize", {"tokens": [-1]}, 400, "tokens.0"),
