@@ -195,6 +195,10 @@ class ModelConfig:
         arch = _architecture(ConfigFields(cfg, source))
         fields = ConfigFields(_text_model_config(cfg), source)
         family = model_class(arch)
+        # what the family's transformers config class gives the fields the file leaves out, read as if it gave them
+        defaults = family.config_defaults(fields)
+        if defaults:
+            fields = ConfigFields({**fields.data, **defaults}, source)
         _refuse_unimplemented(family, arch, fields)
         values = family.config_overrides(fields)
         for name, read in COMMON_FIELDS.items():
@@ -288,8 +292,9 @@ YARN_NUMBERS = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention
 
 def _rope_scaling(fields: ConfigFields, max_positions: int) -> dict | None:
     """The rope_parameters dict when its rope_type is not the default (__post_init__ checks the rope_type), the
-    fields layers/rotary.py reads checked; llama3 and yarn without ``original_max_position_embeddings`` get
-    ``max_positions`` (transformers standardize_rope_params)."""
+    fields layers/rotary.py reads checked. llama3's and yarn's ``original_max_position_embeddings`` is, as
+    transformers standardize_rope_params gives it, a top-level one where the config has it (Phi-3's layout, which
+    overrides the one in rope_parameters), else rope_parameters', else ``max_positions``."""
     params = _rope_parameters(fields)
     if params is None:
         return None
@@ -304,7 +309,9 @@ def _rope_scaling(fields: ConfigFields, max_positions: int) -> dict | None:
             raise params.fail(key, value, "a number >= 0")
     if kind not in ("llama3", "yarn"):
         return params.data
-    length = params.number("original_max_position_embeddings", max_positions, positive=True)
+    length = fields.number("original_max_position_embeddings", None, positive=True)
+    if length is None:
+        length = params.number("original_max_position_embeddings", max_positions, positive=True)
     return {**params.data, "original_max_position_embeddings": length}
 
 
@@ -315,7 +322,10 @@ def _query_scaling(fields: ConfigFields) -> tuple[float, int] | None:
     if params is None or params.get("llama_4_scaling_beta") is None:
         return None
     beta = float(params.number("llama_4_scaling_beta"))
-    return beta, params.integer("original_max_position_embeddings", minimum=1)
+    # the length of llama3 and yarn is a top-level one where the config has it (``_rope_scaling``)
+    kind = params.get("rope_type", params.get("type"))
+    top = kind in ("llama3", "yarn") and fields.get("original_max_position_embeddings") is not None
+    return beta, (fields if top else params).integer("original_max_position_embeddings", minimum=1)
 
 
 def eos_token_ids_of(fields: ConfigFields) -> tuple[int, ...]:
@@ -331,7 +341,8 @@ def _torch_dtype(fields: ConfigFields) -> str:
 
 
 # ModelConfig field -> how transformers' common config.json layout gives it, from the config and the
-# fields read before it (in this order). A family's ``config_overrides`` replaces any of them.
+# fields read before it (in this order). A family's ``config_overrides`` replaces any of them; its
+# ``config_defaults`` replace the defaults here with its transformers config class's.
 COMMON_FIELDS: dict[str, Callable[[ConfigFields, dict[str, Any]], Any]] = {
     "vocab_size": lambda f, _: f.integer("vocab_size"),
     "hidden_size": lambda f, _: f.integer("hidden_size"),

@@ -31,6 +31,10 @@ class ConfigHooks:
     # Whether rope_parameters' llama_4_scaling_beta (Ministral 3's query temperature by position,
     # ModelConfig.query_scaling) is implemented; elsewhere it is refused.
     query_scaling: ClassVar[bool] = False
+    # What the family's transformers config class gives a field that a config.json leaves out, where that differs
+    # from what ModelConfig reads then (model_config.py COMMON_FIELDS): field -> value (``config_defaults``). A
+    # rope_theta here is the class's ``default_theta``, which a theta in the RoPE parameters overrides.
+    class_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # NOTE: each subclass's constructor as resolved (its own, a mixin's before it: models/multimodal.py
@@ -45,6 +49,13 @@ class ConfigHooks:
         name the file and the field in their errors) otherwise than the common layout gives them:
         field name -> value. Fields left out are read the common way."""
         return {}
+
+    @classmethod
+    def config_defaults(cls, cfg: ConfigFields) -> dict[str, Any]:
+        """The fields that the config.json (``cfg``) leaves out, with the values the family's transformers config
+        class gives them, which ``ModelConfig.from_dict`` reads as if the file gave them: field -> value. The
+        default: ``class_defaults``' fields absent from ``cfg`` (a null one is the file's)."""
+        return {k: v for k, v in cls.class_defaults.items() if k not in cfg}
 
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:

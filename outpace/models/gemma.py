@@ -347,6 +347,13 @@ class GemmaForCausalLMBase(nn.Module, ConfigHooks):
 
 
 class Gemma3ForCausalLM(GemmaForCausalLMBase):
+    # Gemma3TextConfig's (and Gemma3Config's tie_word_embeddings)
+    class_defaults = {
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+        "head_dim": 256,
+    }
+
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
         return gemma_layer_windows(

@@ -526,6 +526,12 @@ class Gemma4Model(nn.Module):
 
 class Gemma4ForCausalLM(GemmaForCausalLMBase):
     DEFAULT_WINDOW = 512  # Gemma4TextConfig's sliding_window
+    # Gemma4TextConfig's (and Gemma4Config's tie_word_embeddings)
+    class_defaults = {
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+        "head_dim": 256,
+    }
 
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:
@@ -558,6 +564,12 @@ class Gemma4UnifiedForCausalLM(Gemma4ForCausalLM):
     """Gemma 4's dense unified text model (module docstring)."""
 
     DEFAULT_WINDOW = 1024  # Gemma4UnifiedTextConfig's sliding_window
+    # Gemma4UnifiedTextConfig's (and Gemma4UnifiedConfig's tie_word_embeddings)
+    class_defaults = {
+        "max_position_embeddings": 262144,
+        "tie_word_embeddings": True,
+        "head_dim": 256,
+    }
 
 
 # A Gemma4(Unified)ForConditionalGeneration checkpoint keeps its text model under ``model.language_model.`` (its

@@ -90,6 +90,7 @@ class LlamaForCausalLM(nn.Module, ConfigHooks):
     # Every layer shards over tensor-parallel ranks (layers/decoder.py, layers/embedding.py) when built
     # inside distributed.group.building_in: models/loader.py refuses classes without this flag.
     shards_over_ranks = True
+    class_defaults = {"max_position_embeddings": 2048}  # LlamaConfig's
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

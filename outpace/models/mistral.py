@@ -10,16 +10,42 @@ from outpace.models.llama import LlamaForCausalLM
 from outpace.models.multimodal import TextOfMultimodal, llava_text_name
 from outpace.validation import ConfigFields
 
+# transformers Ministral3Config.__post_init__'s rope_parameters where the config gives none
+MINISTRAL3_ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 1e6,
+    "factor": 16.0,
+    "original_max_position_embeddings": 16384,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale_all_dim": 1.0,
+    "mscale": 1.0,
+    "llama_4_scaling_beta": 0.1,
+}
+
 
 class MistralForCausalLM(LlamaForCausalLM):
     """Mistral's text models, and Ministral 3's (transformers' ministral3: Mistral's layers with the query
     scaled by position, ``llama_4_scaling_beta``, which the Llama family's rotary applies)."""
 
     query_scaling = True
+    class_defaults = {"max_position_embeddings": 131072}  # MistralConfig's
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         return {}  # MistralAttention and MistralMLP have no biases
+
+    @classmethod
+    def config_defaults(cls, cfg: ConfigFields) -> dict:
+        if cfg.get("model_type") != "ministral3":
+            return super().config_defaults(cfg)
+        # Ministral3Config's; its __post_init__ gives rope_parameters where the file has none (a top-level
+        # rope_theta then unread) and replaces a null head_dim by hidden_size // num_attention_heads
+        defaults = {"max_position_embeddings": 262144, "rms_norm_eps": 1e-5, "head_dim": 128}
+        out = {k: v for k, v in defaults.items() if k not in cfg}
+        if cfg.get("rope_parameters") is None and not cfg.get("rope_scaling"):
+            out["rope_parameters"] = dict(MINISTRAL3_ROPE)
+        return out
 
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:

@@ -12,6 +12,8 @@ from outpace.validation import ConfigFields
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
+    class_defaults = {"max_position_embeddings": 32768}  # Qwen2Config's
+
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         return {"attention_bias": True}  # Qwen2Attention: biases on q/k/v, always; none on o
@@ -40,6 +42,8 @@ class Qwen2VLTextForCausalLM(TextOfMultimodal, Qwen2ForCausalLM):
 
     TOWERS = ("visual",)
     text_name = staticmethod(own_text_name)
+    # Qwen2VLTextConfig's and Qwen2_5_VLTextConfig's (their default_theta, 1e6)
+    class_defaults = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1e6}
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

@@ -28,6 +28,8 @@ from outpace.validation import ConfigFields
 
 
 class Qwen2MoeForCausalLM(MixtureStack, Qwen2ForCausalLM):
+    class_defaults = {"max_position_embeddings": 32768}  # Qwen2MoeConfig's
+
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         # the widths and the flag layer_factory reads, of their types (a string there met a bare TypeError)

@@ -12,6 +12,8 @@ from outpace.validation import ConfigFields
 
 
 class Qwen3ForCausalLM(Qwen2ForCausalLM):
+    class_defaults = {"max_position_embeddings": 32768, "head_dim": 128}  # Qwen3Config's
+
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         bias = cfg.boolean("attention_bias", False)  # Qwen3Attention: on q/k/v/o
@@ -22,3 +24,5 @@ class Qwen3VLTextForCausalLM(TextOfMultimodal, Qwen3ForCausalLM):
     """A Qwen3VLForConditionalGeneration checkpoint's text model (module docstring), the vision tower skipped."""
 
     TOWERS = ("model.visual",)
+    # Qwen3VLTextConfig's (its default_theta, 5e5)
+    class_defaults = {"max_position_embeddings": 128000, "head_dim": 128, "rope_theta": 5e5}

@@ -79,6 +79,9 @@ class Qwen3MoeConfig:
 
 
 class Qwen3MoeForCausalLM(MixtureStack, Qwen3ForCausalLM):
+    # Qwen3MoeConfig's (its head_dim, None, is hidden_size // num_attention_heads)
+    class_defaults = {"max_position_embeddings": 32768}
+
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         cfg.boolean("norm_topk_prob", False)  # (bool("x") renormalised before: refused by name now)
@@ -125,3 +128,5 @@ class Qwen3VLMoeTextForCausalLM(TextOfMultimodal, Qwen3MoeForCausalLM):
     positions as plain RoPE does (models/qwen3.py); the vision tower skipped."""
 
     TOWERS = ("model.visual",)
+    # Qwen3VLMoeTextConfig's (its default_theta, 5e5; its head_dim, None, is hidden_size // num_attention_heads)
+    class_defaults = {"max_position_embeddings": 128000, "rope_theta": 5e5}

@@ -528,6 +528,8 @@ def _check_types(cfg: ConfigFields) -> None:
 class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
+    # Qwen3NextConfig's, Qwen3_5TextConfig's and Qwen3_5MoeTextConfig's
+    class_defaults = {"max_position_embeddings": 32768, "head_dim": 256}
     partial_rotary = True  # RoPE turns the leading partial_rotary_factor of each head
 
     @classmethod

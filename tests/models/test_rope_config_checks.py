@@ -6,9 +6,11 @@ import json
 import re
 
 import pytest
+import torch
 import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from outpace.layers.rotary import RotaryEmbedding
+from outpace.layers.rotary import RotaryEmbedding, _inverse_frequencies, rope_attention_factor
 from outpace.model_config import ModelConfig
 from outpace.validation import ConfigError
 
@@ -160,3 +162,108 @@ def test_original_length_defaults_to_max_positions_as_in_transformers(params, tm
     assert cfg.rope_scaling == {**params, "original_max_position_embeddings": expected}
     assert expected == MAX_POSITIONS
     RotaryEmbedding(cfg.head_dim, MAX_POSITIONS, cfg.rope_theta, cfg.rope_scaling)
+
+
+@pytest.mark.parametrize("params", [LLAMA3, YARN])
+def test_a_top_level_original_length_overrides_rope_parameters_as_in_transformers(params, tmp_path):
+    """A config.json with ``original_max_position_embeddings`` at its top level (Phi-3's layout) beside the one in
+    rope_parameters: transformers' standardize_rope_params gives llama3 and yarn the top-level one (before, outpace
+    read rope_parameters', and its rotary tables, so its logits, differed from transformers')."""
+    top = 64
+    cfg = read(tmp_path, rope_parameters=params, original_max_position_embeddings=top)
+    hf = transformers.LlamaConfig(
+        **{**LLAMA, "rope_parameters": dict(params), "original_max_position_embeddings": top}
+    )
+    # (what transformers' rotary embedding computes its frequencies from: the config's constructor standardizes
+    # before the top-level field is set, the rotary embedding again after)
+    expected, _ = ROPE_INIT_FUNCTIONS[params["rope_type"]](hf)
+    assert hf.rope_parameters["original_max_position_embeddings"] == top
+    assert cfg.rope_scaling == {**params, "original_max_position_embeddings": top}
+    ours = _inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+    torch.testing.assert_close(ours, expected)
+
+
+def test_ministral3_query_scaling_takes_the_top_level_original_length_as_transformers_does():
+    """Ministral 3's query temperature divides positions by rope_parameters' original_max_position_embeddings as
+    transformers' rotary embedding leaves it: a top-level one overrides it there (standardize_rope_params)."""
+    from transformers.models.ministral3.modeling_ministral3 import Ministral3RotaryEmbedding
+
+    sizes = {k: v for k, v in LLAMA.items() if k not in ("architectures", "rope_theta")}
+    written = {
+        **transformers.Ministral3Config(**sizes, head_dim=8).to_dict(),
+        "architectures": ["Ministral3ForCausalLM"],
+    }
+    assert written["rope_parameters"]["original_max_position_embeddings"] == 16384
+    hf = transformers.Ministral3Config(**sizes, head_dim=8, original_max_position_embeddings=64)
+    Ministral3RotaryEmbedding(hf)  # (what the model's attention then reads)
+    assert hf.rope_parameters["original_max_position_embeddings"] == 64
+    cfg = ModelConfig.from_dict({**written, "original_max_position_embeddings": 64})
+    assert cfg.query_scaling == (hf.rope_parameters["llama_4_scaling_beta"], 64)
+    assert cfg.rope_scaling["original_max_position_embeddings"] == 64
+
+
+def without_rope(config: dict) -> dict:
+    """``config`` (a config.json object) with no RoPE field, at its top level or in its text_config; Qwen's rotary
+    sections (mrope_section) kept, without a theta."""
+    rope = ("rope_parameters", "rope_scaling", "rope_theta")
+    out = {k: v for k, v in config.items() if k not in rope}
+    if isinstance(config.get("text_config"), dict):
+        text = config["text_config"]
+        sections = {
+            k: v for k, v in (text.get("rope_parameters") or {}).items() if k != "rope_theta"
+        }
+        out["text_config"] = {k: v for k, v in text.items() if k not in rope}
+        if "mrope_section" in sections:
+            out["text_config"]["rope_parameters"] = sections
+    return out
+
+
+# architecture -> the transformers config class that reads its config.json (text models: their text_config)
+THETA_DEFAULTS = {
+    "LlamaForCausalLM": "LlamaConfig",
+    "MixtralForCausalLM": "MixtralConfig",
+    "Qwen2VLForConditionalGeneration": "Qwen2VLConfig",
+    "Qwen2_5_VLForConditionalGeneration": "Qwen2_5_VLConfig",
+    "Qwen3VLForConditionalGeneration": "Qwen3VLConfig",
+    "Qwen3VLMoeForConditionalGeneration": "Qwen3VLMoeConfig",
+}
+
+
+@pytest.mark.parametrize("arch", list(THETA_DEFAULTS))
+def test_a_config_without_rope_theta_gets_its_config_class_default_as_in_transformers(arch):
+    """A config.json that gives no rope_theta (nor RoPE parameters): transformers' config class gives it its
+    ``default_theta``, 1e6 for Mixtral and Qwen2-VL, 5e5 for Qwen3-VL (before, outpace read 1e4 for every family,
+    and its rotary tables, so its logits, differed from transformers')."""
+    config_class = getattr(transformers, THETA_DEFAULTS[arch])
+    written = without_rope({**config_class().to_dict(), "architectures": [arch]})
+    hf = config_class(**{k: v for k, v in written.items() if k != "architectures"})
+    expected = hf.get_text_config().rope_parameters["rope_theta"]
+    assert ModelConfig.from_dict(written).rope_theta == expected
+    if arch != "LlamaForCausalLM":
+        assert expected != 10000.0
+
+
+@pytest.mark.parametrize("multimodal", [False, True])
+def test_a_ministral3_config_without_rope_parameters_reads_its_config_class_default(multimodal):
+    """Ministral3Config.__post_init__ gives a config.json without rope_parameters a YaRN RoPE of theta 1e6 with the
+    query scaling (llama_4_scaling_beta), whatever its top-level rope_theta: read so (before, outpace read the
+    default RoPE of the top-level theta, and its logits differed from transformers')."""
+    sizes = {k: v for k, v in LLAMA.items() if k not in ("architectures", "rope_theta")}
+    text = {**transformers.Ministral3Config(**sizes, head_dim=8).to_dict(), "rope_theta": 5e5}
+    text = without_rope(text) | {"rope_theta": 5e5}
+    if multimodal:
+        written = {
+            **transformers.Mistral3Config(text_config=text).to_dict(),
+            "architectures": ["Mistral3ForConditionalGeneration"],
+        }
+        written["text_config"] = text
+    else:
+        written = {**text, "architectures": ["Ministral3ForCausalLM"]}
+    hf = transformers.Ministral3Config(**text).rope_parameters
+    assert hf["rope_type"] == "yarn" and hf["rope_theta"] == 1e6
+    cfg = ModelConfig.from_dict(written)
+    assert cfg.rope_theta == hf["rope_theta"]
+    assert cfg.query_scaling == (hf["llama_4_scaling_beta"], hf["original_max_position_embeddings"])
+    keys = ("rope_type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow")
+    assert {k: cfg.rope_scaling[k] for k in keys} == {k: hf[k] for k in keys}
+    assert rope_attention_factor(cfg.rope_scaling) == rope_attention_factor(hf)
