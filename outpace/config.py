@@ -241,6 +241,11 @@ class EngineConfig:
     # Seconds a collective of several ranks waits for a rank that hangs before the engine stops naming it
     # (SGLang's --dist-timeout); a follower idle between steps waits for rank 0's next one without limit.
     dist_timeout: float = 300.0
+    # The sampling defaults of requests that leave a field unset (outpace/generation_defaults.py, vLLM's flags of
+    # these names): "auto" the model's generation_config.json, "vllm" none, or a folder holding one; the override's
+    # keys (e.g. {"temperature": 0.6}) set over them.
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
 
     @property
     def world_size(self) -> int:
@@ -409,6 +414,21 @@ class EngineConfig:
             self.load_format,
             self.load_format in ("safetensors", "dummy"),
             "'safetensors' or 'dummy'",
+        )
+        require(
+            o,
+            "generation_config",
+            self.generation_config,
+            isinstance(self.generation_config, (str, os.PathLike)),
+            "'auto', 'vllm' or a folder holding a generation_config.json",
+        )
+        require(
+            o,
+            "override_generation_config",
+            self.override_generation_config,
+            self.override_generation_config is None
+            or isinstance(self.override_generation_config, dict),
+            "None or a dict of generation_config.json keys",
         )
         require_positive_int(o, "tensor_parallel_size", self.tensor_parallel_size)
         require_positive_int(o, "expert_parallel_size", self.expert_parallel_size)

@@ -4,6 +4,7 @@ model they name, and the engine's keyword arguments they give."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -132,7 +133,38 @@ def add_engine_args(p: argparse.ArgumentParser, positional_model: bool = False) 
         help="with several ranks: how long a collective waits for a rank that hangs before the engine "
         "stops, naming it (default 300)",
     )
+    add_generation_config_args(p)
     add_speculative_args(p)
+
+
+def add_generation_config_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's flags for the sampling defaults of requests that leave a field unset (outpace/generation_defaults.py)."""
+    p.add_argument(
+        "--generation-config",
+        default="auto",
+        metavar="auto|vllm|DIR",
+        help="the sampling defaults of requests that leave a field unset: auto = the model's "
+        "generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), "
+        "vllm = none (outpace's own), DIR = the generation_config.json in DIR",
+    )
+    p.add_argument(
+        "--override-generation-config",
+        type=json_object,
+        default=None,
+        metavar="JSON",
+        help="generation config keys set over --generation-config's, e.g. '{\"temperature\": 0.6}'",
+    )
+
+
+def json_object(text: str) -> dict:
+    """An argparse type: a JSON object, else the flag's usage error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: must be a JSON object")
+    return value
 
 
 def positive_int(text: str) -> int:
@@ -211,6 +243,8 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
         if a.enable_expert_parallel
         else a.expert_parallel_size,
         dist_timeout=a.dist_timeout,
+        generation_config=a.generation_config,
+        override_generation_config=a.override_generation_config,
     )
     if speculative:
         kwargs["speculative"] = speculative_config(a)

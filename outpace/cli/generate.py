@@ -21,15 +21,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="ID",
         help="the prompt as token ids (models without a tokenizer); prints token ids",
     )
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--min-p", type=float, default=0.0)
+    # (None: the generation defaults (--generation-config), else OWN_DEFAULTS, else SamplingParams')
+    g.add_argument("--max-tokens", type=int, default=None, help="default 64")
+    g.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--min-p", type=float, default=None)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=run)
+
+
+# this command's defaults, below the model's generation_config.json (outpace/generation_defaults.py)
+OWN_DEFAULTS = {"max_tokens": 64, "temperature": 0.0}
 
 
 def run(a: argparse.Namespace) -> None:
@@ -37,18 +42,20 @@ def run(a: argparse.Namespace) -> None:
     from outpace import LLM, SamplingParams
 
     check_model_dir(a.model)
-    params = SamplingParams(
+    flags = dict(
         temperature=a.temperature,
         top_p=a.top_p,
         top_k=a.top_k,
         min_p=a.min_p,
         max_tokens=a.max_tokens,
-        seed=a.seed,
-        ignore_eos=a.ignore_eos,
     )
+    given = {name: value for name, value in flags.items() if value is not None}
+    SamplingParams(**given)  # (a bad flag refused before the model loads)
     prompt = a.prompt if a.prompt is not None else a.prompt_token_ids
     # (closed here, not at interpreter exit: the other ranks of a torchrun launch are released in order)
     with LLM(a.model, **engine_kwargs(a)) as llm:
+        defaults = {**OWN_DEFAULTS, **llm.generation_defaults.params, **given}
+        params = SamplingParams(**defaults, seed=a.seed, ignore_eos=a.ignore_eos)
         out = llm.generate([prompt], params)[0]
     if (
         out.finish_reason == "error"

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from outpace.chat_messages import MessageError, template_messages
 from outpace.config import EngineConfig
 from outpace.engine.engine import LLMEngine
+from outpace.generation_defaults import read_generation_defaults
 from outpace.request import CompletionOutput, Request, RequestOutput
 from outpace.sampling_params import SamplingParams
 from outpace.speculative.metrics import SpecMetrics
@@ -31,7 +32,13 @@ Conversation = list[dict[str, str]]
 
 class LLM:
     def __init__(self, model: str, progress: bool = False, **engine_kwargs) -> None:
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_kwargs), progress=progress)
+        config = EngineConfig(model=model, **engine_kwargs)
+        # (read before the weights load: a bad generation_config.json is refused at once)
+        self.generation_defaults = read_generation_defaults(
+            config.model, config.generation_config, config.override_generation_config
+        )
+        self.generation_defaults.log()
+        self.engine = LLMEngine(config, progress=progress)
 
     def close(self) -> None:
         self.engine.close()
@@ -46,6 +53,11 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` use without params: the model's generation_config.json sampling defaults
+        (outpace/generation_defaults.py; vLLM's method of this name), else SamplingParams()."""
+        return self.generation_defaults.sampling_params()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -58,9 +70,12 @@ class LLM:
         ``n`` and ``best_of`` (vLLM's meaning): ``best_of`` sequences (default ``n``) are sampled per prompt,
         the i-th with seed ``seed + i`` when the params have a seed, and the ``n`` with the highest
         cumulative log-probability are returned, best first (with ``best_of`` == ``n``: all, in order).
-        Every prompt is validated before any is queued, so one bad prompt leaves the engine untouched.
+        Every prompt is validated before any is queued, so one bad prompt leaves the engine untouched. Without
+        ``params``: ``get_default_sampling_params()``.
         """
         prompts = _prompt_list(prompts)
+        if params is None:
+            params = self.get_default_sampling_params()
         params_list = _params_list(params, len(prompts))
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
@@ -182,9 +197,9 @@ def _is_sequence(value: Any) -> bool:
 
 
 def _params_list(params: Any, count: int) -> list[SamplingParams]:
-    """The SamplingParams of each of ``count`` prompts: one for all (None: the defaults), or a list of them."""
+    """The SamplingParams of each of ``count`` prompts: one for all, or a list of them."""
     if not isinstance(params, (list, tuple)):
-        params = [params or SamplingParams()] * count
+        params = [params] * count
     for i, sp in enumerate(params):
         if not isinstance(sp, SamplingParams):
             raise TypeError(

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect
 
 from outpace import __version__
 from outpace.config import EngineConfig
+from outpace.generation_defaults import read_generation_defaults
 from outpace.server.async_engine import EngineError, QueueFull
 from outpace.server.chat_output import ChatParsers
 from outpace.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -159,12 +160,18 @@ def build_app(
             f"server log_interval={log_interval!r} is invalid: "
             "must be a finite number of seconds > 0"
         )
+    defaults = read_generation_defaults(  # (before the model loads)
+        engine_config.model,
+        engine_config.generation_config,
+        engine_config.override_generation_config,
+    )
+    defaults.log()
     model_name = served_model_name or Path(engine_config.model).name or str(engine_config.model)
     metrics = ServerMetrics(model_name)
     engine = serving_engine(
         engine_config, metrics, log_interval, data_parallel_size, engine_process
     )
-    inputs = RequestInputs(engine, max_tokens_limit, max_choices)
+    inputs = RequestInputs(engine, max_tokens_limit, max_choices, defaults)
     parsers = ChatParsers.of(thinking, tool_calls, engine.tokenizer)
     created = int(time.time())
     permission = {  # vLLM's ModelPermission, as its /v1/models lists it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from outpace.generation_defaults import GenerationDefaults
 from outpace.sampling_params import SamplingParams
 from outpace.server.protocol import (
     APIError,
@@ -26,10 +27,18 @@ from outpace.validation import ConfigError, RequestFieldError
 class RequestInputs:
     """The tokenizer, vocabulary and context of ``engine`` (an ``AsyncEngine`` or its replicated
     twin, read at each call) with the server's ``max_tokens_limit`` per request and ``max_choices``
-    (prompts x sequences) per request."""
+    (prompts x sequences) per request; ``defaults`` fill the sampling fields a request leaves unset (the model's
+    generation_config.json: outpace/generation_defaults.py)."""
 
-    def __init__(self, engine, max_tokens_limit: int, max_choices: int) -> None:
+    def __init__(
+        self,
+        engine,
+        max_tokens_limit: int,
+        max_choices: int,
+        defaults: GenerationDefaults | None = None,
+    ) -> None:
         self.engine, self.max_tokens_limit, self.max_choices = engine, max_tokens_limit, max_choices
+        self.defaults = defaults or GenerationDefaults()
 
     def tokenizer(self):
         if self.engine.tokenizer is None:
@@ -114,8 +123,14 @@ class RequestInputs:
 
     def sampling_params(self, body: SamplingFields, prompt_len: int, param: str) -> SamplingParams:
         """The body's sampling fields for a prompt of ``prompt_len`` tokens; ``param`` names the
-        prompt's field when the prompt leaves no room to generate."""
-        max_model_len, limit = self.engine.max_model_len, self.max_tokens_limit
+        prompt's field when the prompt leaves no room to generate. A field the body leaves unset takes the
+        generation defaults' value; max_tokens as vLLM's ``get_max_tokens``: a chat's default is theirs, a
+        completion's OpenAI's 16, and their ``max_tokens_cap`` bounds a given value too."""
+        max_model_len, limit, defaults = (
+            self.engine.max_model_len,
+            self.max_tokens_limit,
+            self.defaults,
+        )
         requested, name = body.requested_max_tokens()
         room = max_model_len - prompt_len
         if room < 1:
@@ -128,7 +143,9 @@ class RequestInputs:
             )
         completion = isinstance(body, CompletionRequest)
         if requested is None:
-            max_tokens = min(room, limit, 16 if completion else room)
+            max_tokens = min(
+                room, limit, 16 if completion else defaults.params.get("max_tokens", room)
+            )
         elif requested == 0:  # echo alone: the engine makes one token, which the answer drops
             max_tokens = 1
         else:
@@ -145,15 +162,17 @@ class RequestInputs:
                     "context_length_exceeded",
                 )
             max_tokens = requested
+        if requested != 0 and defaults.max_tokens_cap is not None:
+            max_tokens = min(max_tokens, defaults.max_tokens_cap)
         logprobs = body.wanted_logprobs()
         if logprobs is None and body.sequences_per_prompt > body.n:
             logprobs = 0  # best_of ranks by cumulative log-probability
         try:
             return SamplingParams(
-                temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p,
-                top_k=body.top_k or 0,
-                min_p=body.min_p or 0.0,
+                temperature=defaults.value("temperature", body.temperature),
+                top_p=defaults.value("top_p", body.top_p),
+                top_k=defaults.value("top_k", body.top_k),
+                min_p=defaults.value("min_p", body.min_p),
                 max_tokens=max_tokens,
                 stop=tuple(body.stop),
                 stop_token_ids=tuple(body.stop_token_ids or ()),
@@ -164,7 +183,7 @@ class RequestInputs:
                 skip_special_tokens=body.skip_special_tokens,
                 presence_penalty=body.presence_penalty or 0.0,
                 frequency_penalty=body.frequency_penalty or 0.0,
-                repetition_penalty=body.repetition_penalty or 1.0,
+                repetition_penalty=defaults.value("repetition_penalty", body.repetition_penalty),
                 logit_bias=body.logit_bias_ids(),
                 allowed_token_ids=body.allowed_token_ids,
                 logprobs=logprobs,
