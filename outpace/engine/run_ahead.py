@@ -193,7 +193,12 @@ class RunAhead:
         launch = self.launch
         if launch is None:
             return None
-        ran = dict(zip(launch.request_ids, launch.starts))
+        # (not for a request that left: a new one given its id, at the length it started from, is not it)
+        ran = {
+            rid: start
+            for rid, start in zip(launch.request_ids, launch.starts)
+            if rid not in launch.left
+        }
         if request_ids and tuple(map(ran.get, request_ids)) == starts:
             self.launch = None
             served = set(request_ids)

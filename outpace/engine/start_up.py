@@ -314,7 +314,7 @@ def build_proposer(
     shapes, lookahead = draft_shapes(spec), proposer.lookahead
     if lookahead >= POSITIONS_PAST_CONTEXT:
         raise ConfigError(
-            f"SpeculativeConfig num_steps={spec.num_steps}, num_draft_tokens="
+            f"SpeculativeConfig num_steps={spec.num_steps}, topk={spec.topk}, num_draft_tokens="
             f"{spec.num_draft_tokens} is invalid: its drafts reach {lookahead} rows past a "
             f"request's last token, at most {POSITIONS_PAST_CONTEXT - 1} are supported"
         )

@@ -51,10 +51,23 @@ def test_drafts_do_not_shorten_the_context_and_stay_lossless_at_its_end(llm):
 def test_drafts_reaching_past_what_the_rotary_tables_cover_are_refused():
     with pytest.raises(
         ConfigError,
-        match=r"num_steps=100, num_draft_tokens=101 is invalid: its drafts reach 100 "
+        match=r"num_steps=100, topk=1, num_draft_tokens=101 is invalid: its drafts reach 100 "
         r"rows past a request's last token, at most 63 are supported",
     ):
         LLM(TINYPY, device="cpu", speculative=SpeculativeConfig("ngram", num_steps=100))
+
+
+def test_a_tree_whose_topk_reaches_past_the_rotary_tables_is_refused_naming_topk():
+    """An EAGLE3 tree's draft steps write (num_steps - 1) * topk rows: with topk 33 they reach past the rows the
+    rotary tables cover. The refusal named only num_steps=3 and num_draft_tokens=8, neither of them the cause."""
+    tree = SpeculativeConfig(
+        "eagle3", str(ZOO / "tinypy-eagle3"), num_steps=3, topk=33, num_draft_tokens=8
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"num_steps=3, topk=33, num_draft_tokens=8 is invalid: its drafts reach 65 rows",
+    ):
+        LLM(TINYPY, device="cpu", speculative=tree)
 
 
 def test_max_tokens_past_the_context_is_refused(llm):

@@ -213,3 +213,33 @@ def test_a_drop_restores_each_held_row_of_every_buffer(rows, one_launch, monkeyp
             assert torch.equal(t[untouched], new[untouched])
         for t in buffers:
             t.mul_(2)  # the steps between two run ahead
+
+
+def test_a_request_given_the_id_of_one_that_left_never_takes_its_step_run_ahead():
+    """A step run ahead for requests that were all aborted stays in flight while the engine idles; a new request
+    given one's id (which the engine allows once it has left) decodes from the length that one's step started
+    from (the same prompt). Before, ``take`` served it that step's tokens, which continued the old request's
+    sampled token from its row: the seeded output was not its own."""
+    llm = LLM(str(ZOO / "tinypy"), device="cpu", dtype="float32", max_num_seqs=4)
+    llm.engine.capture_graphs()
+    engine = llm.engine
+    prompt = engine.tokenizer.encode("def fibonacci(n):")
+    sampled = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=1)
+    expected = llm.generate([prompt], sampled.replace(seed=2))[0].token_ids
+    engine.add_request(
+        engine.tokenizer.encode("class Stack:"),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+        request_id="b",
+    )
+    engine.step()
+    engine.add_request(prompt, sampled, request_id="a")
+    engine.step()  # b decodes, a's prefill completes: a step runs ahead for both
+    assert set(engine.runner.run_ahead.launch.request_ids) == {"a", "b"}
+    engine.abort_request("a")
+    engine.abort_request("b")
+    engine.add_request(prompt, sampled.replace(seed=2), request_id="a")
+    outs = {}
+    while engine.has_unfinished_requests:
+        outs.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert outs["a"].token_ids == expected
+    assert engine.pool.num_free == engine.pool.num_blocks and not engine.runner.req_table.held_by
