@@ -99,6 +99,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="vLLM's flag, taken so that its command lines serve: tool_choice auto is on wherever "
         "--tool-call-parser is given, and this flag needs it",
     )
+    s.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE_OR_TEMPLATE",
+        help="render chats with this Jinja template (a file, or the template itself) in the place of the "
+        "tokenizer's, as vLLM's flag",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=run)
 
@@ -138,6 +145,7 @@ def check_can_listen(host: str, port: int) -> None:
 
 def run(a: argparse.Namespace) -> None:
     # NOTE: imported here, not at the top: the parser (and `outpace --help`) loads no torch
+    from outpace.chat_messages import load_chat_template
     from outpace.server.app import run_server
 
     if a.enable_auto_tool_choice and not a.tool_call_parser:
@@ -150,6 +158,7 @@ def run(a: argparse.Namespace) -> None:
     if a.drain_timeout is not None and a.drain_timeout < 0:
         raise ValueError(f"--drain-timeout {a.drain_timeout} is invalid: must be >= 0 seconds")
     check_model_dir(a.model)
+    chat_template = None if a.chat_template is None else load_chat_template(a.chat_template)
     if os.environ.get("RANK", "0") == "0":  # (under torchrun only rank 0 serves: launch.py)
         check_can_listen(a.host, a.port)
     config = EngineConfig(
@@ -175,4 +184,5 @@ def run(a: argparse.Namespace) -> None:
         engine_process=a.engine_process,
         reasoning_parser=a.reasoning_parser,
         tool_call_parser=a.tool_call_parser,
+        chat_template=chat_template,
     )

@@ -17,7 +17,12 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from outpace.chat_messages import MessageError, template_messages
+from outpace.chat_messages import (
+    NO_TEMPLATE_FOUND,
+    MessageError,
+    content_format,
+    template_messages,
+)
 from outpace.config import EngineConfig
 from outpace.engine.engine import LLMEngine
 from outpace.generation_defaults import read_generation_defaults
@@ -116,8 +121,8 @@ class LLM:
         tok = self.tokenizer
         if tok is None or not (chat_template or getattr(tok, "chat_template", None)):
             raise ValueError(
-                f"model {self.engine.config.model} has no chat template: pass chat_template= or "
-                "use generate()"
+                f"model {self.engine.config.model} has no chat template ({NO_TEMPLATE_FOUND}): pass "
+                "chat_template= or use generate()"
             )
         if not _is_sequence(messages):
             raise TypeError(
@@ -125,14 +130,21 @@ class LLM:
                 "messages or a list of such lists"
             )
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        template = tok.get_chat_template(chat_template)
         prompts = []
         for i, conversation in enumerate(conversations):
-            text = tok.apply_chat_template(
-                _template_messages(i, conversation),
-                chat_template=chat_template,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-            )
+            messages = _template_messages(i, conversation, content_format(template))
+            try:
+                text = tok.apply_chat_template(
+                    messages,
+                    chat_template=template,
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                )
+            except Exception as e:  # noqa: BLE001 - jinja raises for roles or shapes the template refuses
+                raise ValueError(
+                    f"conversation {i}: the chat template refused the messages: {e}"
+                ) from None
             prompts.append(tok.encode(text, add_special_tokens=False))
         return self.generate(prompts, params, progress)
 
@@ -174,7 +186,7 @@ def _prompt_list(prompts: Any) -> list[Prompt]:
     return list(prompts)
 
 
-def _template_messages(i: int, conversation: Any) -> list[dict]:
+def _template_messages(i: int, conversation: Any, content_format: str = "string") -> list[dict]:
     """Conversation ``i``'s messages as the chat template reads them, prepared as the server prepares them
     (outpace/chat_messages.py); a message it refuses is named with its conversation."""
     if not (
@@ -186,7 +198,7 @@ def _template_messages(i: int, conversation: Any) -> list[dict]:
             f"conversation {i} must be a non-empty list of {{'role', 'content'}} messages"
         )
     try:
-        return template_messages(conversation)
+        return template_messages(conversation, content_format)
     except MessageError as e:
         raise ValueError(f"conversation {i} {e}") from None
 

@@ -119,10 +119,11 @@ def load_tokenizer(path: str | Path, given: bool = False):
         return None
     from transformers import AutoTokenizer
 
+    check_chat_template_field(path / "tokenizer_config.json")
     try:
         # NOTE: the engine refuses a prompt longer than its context itself; transformers' own limit
         # (model_max_length) would only log a warning of indexing errors that cannot happen here.
-        return AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
+        tokenizer = AutoTokenizer.from_pretrained(str(path), model_max_length=sys.maxsize)
     except Exception as error:  # noqa: BLE001 - explained below, naming the file (parsed again on failure only)
         for name in TOKENIZER_JSON_FILES:
             if (path / name).is_file():
@@ -130,6 +131,61 @@ def load_tokenizer(path: str | Path, given: bool = False):
         raise ConfigError(
             f"{path}: the tokenizer cannot be loaded by transformers: {error}"
         ) from error
+    check_chat_templates(tokenizer, path)
+    return tokenizer
+
+
+def check_chat_template_field(config_file: Path) -> None:
+    """tokenizer_config.json's ``chat_template``, where given, is a template or a list of named ones
+    (``[{"name": "default", "template": ...}, {"name": "tool_use", ...}]``, transformers' form): anything else
+    failed inside transformers (a KeyError 'name') or at the first chat (a template of 5)."""
+    if not config_file.is_file():
+        return
+    fields = ConfigFields(read_json_object(config_file), str(config_file))
+    value = fields.get("chat_template")
+    named = isinstance(value, list) and all(
+        isinstance(t, dict)
+        and isinstance(t.get("name"), str)
+        and isinstance(t.get("template"), str)
+        for t in value
+    )
+    if value is not None and not (isinstance(value, str) or named):
+        raise fields.fail(
+            "chat_template",
+            value,
+            "a Jinja template (a string) or a list of {'name': str, 'template': str} objects",
+        )
+
+
+def check_chat_templates(tokenizer, path: Path) -> None:
+    """Each chat template of ``tokenizer`` parses as transformers renders it (the one that did not failed each
+    chat with a 400 blaming the request's messages), else ``ConfigError`` naming its file: chat_template.jinja and
+    additional_chat_templates/NAME.jinja take the place of tokenizer_config.json's field (transformers'
+    ``from_pretrained``)."""
+    templates = tokenizer.chat_template
+    if not templates:
+        return
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    for name, template in templates.items() if isinstance(templates, dict) else [(None, templates)]:
+        try:
+            _compile_jinja_template(template)
+        except Exception as error:  # noqa: BLE001 - jinja's TemplateSyntaxError, with its line
+            line = getattr(error, "lineno", None)
+            at = f" (line {line})" if line else ""
+            raise ConfigError(
+                f"{chat_template_source(path, name)} is not a valid chat template{at}: {error}"
+            ) from None
+
+
+def chat_template_source(path: Path, name: str | None) -> str:
+    """Where the tokenizer in ``path`` took its chat template ``name`` (None: its one template) from."""
+    if name not in (None, "default") and (path / "additional_chat_templates").is_dir():
+        return str(path / "additional_chat_templates" / f"{name}.jinja")
+    if name in (None, "default") and (path / "chat_template.jinja").is_file():
+        return str(path / "chat_template.jinja")
+    which = "" if name is None else f" (the template named {name!r})"
+    return f"{path / 'tokenizer_config.json'}: field 'chat_template'{which}"
 
 
 def eos_token_ids(model_config: ModelConfig, tokenizer, model_dir: str | Path) -> set[int]:

@@ -127,6 +127,7 @@ def build_app(
     engine_process: bool = False,
     reasoning_parser: str | None = None,
     tool_call_parser: str | None = None,
+    chat_template: str | None = None,
 ) -> FastAPI:
     """Load the engine and build the app. The engine thread starts and stops with the app's lifespan;
     stopping finishes in-flight requests first (``drain_timeout`` bounds the wait, then aborts).
@@ -138,7 +139,8 @@ def build_app(
     /detokenize need the bearer token. ``data_parallel_size`` engine replicas serve behind it, each
     in a process of its own; one replica runs in this process unless ``engine_process``
     (server/replicas.py ``serving_engine``). ``reasoning_parser`` and ``tool_call_parser`` name the formats a
-    chat's thinking and tool calls are parsed from (server/chat_output.py).
+    chat's thinking and tool calls are parsed from (server/chat_output.py). ``chat_template`` (a template's text)
+    renders chats in the place of the tokenizer's template (``--chat-template``).
     """
     try:  # (before the model loads)
         thinking = reasoning_format(reasoning_parser) if reasoning_parser else None
@@ -171,7 +173,7 @@ def build_app(
     engine = serving_engine(
         engine_config, metrics, log_interval, data_parallel_size, engine_process
     )
-    inputs = RequestInputs(engine, max_tokens_limit, max_choices, defaults)
+    inputs = RequestInputs(engine, max_tokens_limit, max_choices, defaults, chat_template)
     parsers = ChatParsers.of(thinking, tool_calls, engine.tokenizer)
     created = int(time.time())
     permission = {  # vLLM's ModelPermission, as its /v1/models lists it

@@ -436,11 +436,14 @@ class ChatMessage(_Body):
     reasoning_content: str | None = None  # an assistant's thinking (templates that show it use it)
 
 
-def conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages as the chat template expects them (outpace/chat_messages.py ``template_messages``, which
-    ``LLM.chat`` shares); a message it refuses is a 400 naming the field."""
+def conversation(
+    messages: list[ChatMessage], content_format: str = "string"
+) -> list[dict[str, Any]]:
+    """Messages as the chat template expects them, their content in the template's ``content_format``
+    (outpace/chat_messages.py ``template_messages``, which ``LLM.chat`` shares); a message it refuses is a 400
+    naming the field."""
     try:
-        return template_messages([m.model_dump() for m in messages])
+        return template_messages([m.model_dump() for m in messages], content_format)
     except MessageError as e:
         raise bad_request(str(e), f"messages.{e.param}", e.code) from None
 

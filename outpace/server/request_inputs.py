@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from outpace.chat_messages import NO_TEMPLATE_FOUND, content_format
 from outpace.generation_defaults import GenerationDefaults
 from outpace.sampling_params import SamplingParams
 from outpace.server.protocol import (
@@ -28,7 +29,8 @@ class RequestInputs:
     """The tokenizer, vocabulary and context of ``engine`` (an ``AsyncEngine`` or its replicated
     twin, read at each call) with the server's ``max_tokens_limit`` per request and ``max_choices``
     (prompts x sequences) per request; ``defaults`` fill the sampling fields a request leaves unset (the model's
-    generation_config.json: outpace/generation_defaults.py)."""
+    generation_config.json: outpace/generation_defaults.py); ``chat_template``, where given, renders chats in the
+    place of the tokenizer's (``--chat-template``)."""
 
     def __init__(
         self,
@@ -36,9 +38,11 @@ class RequestInputs:
         max_tokens_limit: int,
         max_choices: int,
         defaults: GenerationDefaults | None = None,
+        chat_template: str | None = None,
     ) -> None:
         self.engine, self.max_tokens_limit, self.max_choices = engine, max_tokens_limit, max_choices
         self.defaults = defaults or GenerationDefaults()
+        self.chat_template = chat_template
 
     def tokenizer(self):
         if self.engine.tokenizer is None:
@@ -57,11 +61,23 @@ class RequestInputs:
         (e.g. Qwen3's ``enable_thinking``, DeepSeek-V3.1's ``thinking``); ``continue_final_message``: the text
         ends inside the last (assistant) message, which the answer continues."""
         tok = self.engine.tokenizer
-        if tok is None or not getattr(tok, "chat_template", None):
-            raise bad_request("this model has no chat template: use /v1/completions", "messages")
+        if tok is None:
+            raise bad_request(
+                "this model has no tokenizer (no tokenizer.json, tokenizer.model or vocab.json): send "
+                "token ids to /v1/completions",
+                "messages",
+            )
+        if not (self.chat_template or getattr(tok, "chat_template", None)):
+            raise bad_request(
+                f"this model has no chat template ({NO_TEMPLATE_FOUND}): serve it with "
+                "--chat-template, or use /v1/completions",
+                "messages",
+            )
         try:
+            template = tok.get_chat_template(self.chat_template, tools)
             return tok.apply_chat_template(
-                conversation(messages),
+                conversation(messages, content_format(template)),
+                chat_template=template,
                 tools=tools,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,

@@ -75,12 +75,12 @@ def test_generate_refuses_params_that_are_not_sampling_params(llm):
 def test_chat_takes_openai_text_parts_and_the_developer_role(llm):
     """OpenAI's content parts and the developer role, which the server takes, reached the template as they
     were (a TypeError inside the template; 'unknown chat role: developer')."""
-    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
-    parts = [
+    plain = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi\nthere"}]
+    parts = [  # (text parts joined with newlines, as vLLM joins them)
         {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
         {
             "role": "user",
-            "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+            "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}],
         },
     ]
     ids = [llm.chat(c, ONE_TOKEN)[0].prompt_token_ids for c in (plain, parts)]

@@ -55,3 +55,35 @@ def test_vllms_auto_tool_choice_flag_needs_a_tool_call_parser(
     flags = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     main(["serve", str(llama_dir), "--device", "cpu", "--port", port, *flags])
     assert started["tool_call_parser"] == "hermes"
+
+
+def test_vllms_chat_template_flag_takes_a_file_or_a_template(
+    no_server_start, llama_dir, monkeypatch, tmp_path
+):
+    """vLLM's `--chat-template FILE` (or the template itself, told apart by a '{', '}' or newline in it) was an
+    unknown flag; a file that cannot be opened and a template that does not parse are named before the model
+    loads."""
+    started = {}
+    monkeypatch.setattr(outpace.server.app, "run_server", lambda config, **kw: started.update(kw))
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    serve = ["serve", str(llama_dir), "--device", "cpu", "--port", port]
+    file = tmp_path / "template.jinja"
+    file.write_text("{{ messages[0]['content'] }}")
+    for given in (str(file), "{{ messages[0]['content'] }}"):
+        main([*serve, "--chat-template", given])
+        assert started["chat_template"] == "{{ messages[0]['content'] }}"
+    main(serve)
+    assert started["chat_template"] is None
+    missing = str(tmp_path / "missing.jinja")
+    with pytest.raises(SystemExit) as e:
+        main([*serve, "--chat-template", missing])
+    assert str(e.value.code).startswith(
+        f"error: --chat-template {missing!r} is invalid: no such template file"
+    )
+    with pytest.raises(SystemExit) as e:
+        main([*serve, "--chat-template", "{% for m in messages %}"])
+    assert "error: --chat-template '{% for m in messages %}' is not a valid chat template" in str(
+        e.value.code
+    )

@@ -76,6 +76,16 @@ def test_chat_uses_the_chat_template(llm):
         llm.chat([[{"role": "user"}]], params)
 
 
+def test_chat_names_the_conversation_whose_messages_the_template_refuses(llm):
+    """A template's raise_exception (tinypy's for a role it lacks) was jinja's TemplateError, no ValueError,
+    naming no conversation; vLLM's LLM.chat raises a ValueError of the template's text."""
+    ok = [{"role": "user", "content": "hi"}]
+    with pytest.raises(
+        ValueError, match="conversation 1: the chat template refused .*unknown chat role: tool"
+    ):
+        llm.chat([ok, [*ok, {"role": "tool", "content": "x"}]], SamplingParams(max_tokens=1))
+
+
 def test_n_and_best_of_are_checked_by_name(llm):
     with pytest.raises(ConfigError, match="SamplingParams.best_of=1"):
         SamplingParams(n=2, best_of=1)

@@ -153,6 +153,58 @@ def test_a_tokenizer_transformers_cannot_load_names_its_directory(tmp_path):
         LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
 
 
+BAD_TEMPLATE = "{% for m in messages %}{{ m['content'] }}"  # (no endfor)
+
+
+@pytest.mark.parametrize(
+    "file, value, named",
+    [
+        ("tokenizer_config.json", 5, "tokenizer_config.json: field 'chat_template' must be"),
+        (
+            "tokenizer_config.json",
+            [{"template": "x"}],  # (transformers: a KeyError 'name')
+            "tokenizer_config.json: field 'chat_template' must be",
+        ),
+        (
+            "tokenizer_config.json",
+            BAD_TEMPLATE,
+            "tokenizer_config.json: field 'chat_template' is not a valid chat template (line 1)",
+        ),
+        (
+            "tokenizer_config.json",
+            [{"name": "default", "template": "x"}, {"name": "tool_use", "template": BAD_TEMPLATE}],
+            "tokenizer_config.json: field 'chat_template' (the template named 'tool_use') is not a valid",
+        ),
+        ("chat_template.jinja", BAD_TEMPLATE, "chat_template.jinja is not a valid chat template"),
+        (
+            "additional_chat_templates/tool_use.jinja",
+            BAD_TEMPLATE,
+            "additional_chat_templates/tool_use.jinja is not a valid chat template",
+        ),
+    ],
+    ids=["number", "unnamed", "syntax", "named-syntax", "jinja-file", "additional"],
+)
+def test_a_chat_template_that_cannot_render_is_named_before_the_model_loads(
+    file, value, named, tmp_path, monkeypatch
+):
+    """A chat template of the wrong shape, or one that does not parse, failed each chat with a 400 blaming the
+    request's messages (or transformers' KeyError 'name' at start-up), naming no file."""
+    path = copy_zoo("tinypy", tmp_path)
+    if file == "tokenizer_config.json":
+        config = json.loads((path / file).read_text())
+        (path / file).write_text(json.dumps({**config, "chat_template": value}))
+    else:
+        (path / file).parent.mkdir(exist_ok=True)
+        (path / file).write_text(value)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the tokenizer was")
+
+    monkeypatch.setattr("outpace.engine.start_up.load_model", refuse)
+    with pytest.raises(ConfigError, match=re.escape(f"{path}/{named}")):
+        LLMEngine(EngineConfig(model=str(path), device="cpu"), progress=False)
+
+
 def test_a_broken_tokenizer_link_and_a_tokenizer_directory_without_one_are_named(tmp_path):
     """The zoo's tokenizer.json files are symbolic links: a copy without ``cp -L`` keeps them broken, which read as
     "no tokenizer"; and ``EngineConfig.tokenizer`` naming a directory without one was taken as the model having

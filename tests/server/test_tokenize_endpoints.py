@@ -126,3 +126,17 @@ def test_valid_shapes_and_edges(http):
     assert http.post("/detokenize", json={"tokens": ids}).json() == {"prompt": tok.decode(ids)}
     assert http.post("/detokenize", json={"tokens": []}).json() == {"prompt": ""}
     assert http.get("/version").json()["version"] and http.get("/health").status_code == 200
+
+
+def test_a_template_that_raises_is_a_400_naming_messages_with_its_text(http):
+    """tinypy's template raises (raise_exception) for a role it lacks: the template's text reaches the client as
+    a 400 on ``messages``, never a 500, on the chat route and the chat form of /tokenize alike."""
+    messages = [{"role": "critic", "content": "hi"}]
+    for route, body in (("/v1/chat/completions", {"max_tokens": 1}), ("/tokenize", {})):
+        r = http.post(route, json={"messages": messages, **body})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "messages", error
+        assert (
+            "the chat template refused the messages: unknown chat role: critic" in error["message"]
+        )
