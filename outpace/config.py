@@ -70,12 +70,41 @@ class SpeculativeConfig:
             )
         methods = ("none", *PROPOSERS)
         require(o, "method", self.method, self.method in methods, f"one of {', '.join(methods)}")
+        # (never ignored; a draft for a drafter that loads none is refused where the engine builds it)
+        require(
+            o,
+            "draft",
+            self.draft,
+            self.draft is None or self.method != "none",
+            "None with method 'none': no drafter loads it",
+        )
+        if self.method != "ngram":
+            for name, default in (("ngram_min", 2), ("ngram_max", 4)):
+                require(
+                    o,
+                    name,
+                    getattr(self, name),
+                    getattr(self, name) == default,
+                    f"left at {default} with method {self.method!r}: only ngram matches n-grams",
+                )
         if self.num_steps is None:  # the drafter's default for its draft (a DFlash draft's block)
             default = 5
             if self.method != "none" and self.draft is not None:
                 default = proposer_class(self.method).default_num_steps(Path(self.draft))
             object.__setattr__(self, "num_steps", default)
-        require_positive_int(o, "num_steps", self.num_steps)
+        from outpace.layers.rotary import POSITIONS_PAST_CONTEXT
+
+        # (each draft step reaches a row past the request's last token: refused here, before a drafter sized
+        # for a million steps is allocated)
+        most_steps = POSITIONS_PAST_CONTEXT - 1
+        require(
+            o,
+            "num_steps",
+            self.num_steps,
+            is_int(self.num_steps) and 0 < self.num_steps <= most_steps,
+            f"an integer in [1, {most_steps}] (drafts reach at most {most_steps} rows past a request's last "
+            "token)",
+        )
         require_positive_int(o, "topk", self.topk)
         if self.num_draft_tokens is None:
             object.__setattr__(
@@ -380,6 +409,12 @@ class EngineConfig:
             ),
             "None (max_num_seqs) or an integer >= 0",
         )
+        if self.enable_prefix_caching is False and self.num_state_checkpoints:
+            raise ConfigError(
+                f"EngineConfig.num_state_checkpoints={self.num_state_checkpoints} does not apply with "
+                "EngineConfig.enable_prefix_caching=False (--no-enable-prefix-caching): the checkpoints "
+                "serve prefix caching alone; leave num_state_checkpoints out or turn prefix caching on"
+            )
         require(
             o, "seed", self.seed, is_int64(self.seed) and self.seed >= 0, "an integer in [0, 2**63)"
         )

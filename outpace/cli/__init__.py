@@ -23,7 +23,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for verb in (generate, serve, bench, train, token_map):
         verb.add_parser(sub)
+    refuse_abbreviations(parser)
     return parser
+
+
+def refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Turn off argparse's prefix matching in the parser and every subcommand's: a flag we do not take is refused
+    by name rather than read as the flag it begins (serve's --max-tokens as --max-tokens-limit, generate's
+    --speculative FILE as --speculative-token-map)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                refuse_abbreviations(subparser)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -211,8 +211,24 @@ def check_flags_read(a: argparse.Namespace) -> None:
         raise ValueError("; ".join(refusals))
 
 
+def check_seconds(a: argparse.Namespace) -> None:
+    """--time-limit a finite number of seconds > 0 and --dp-reserve one >= 0, else refused by name (bench multi
+    took 0 for "not given")."""
+    import math
+
+    if a.time_limit is not None and not (math.isfinite(a.time_limit) and a.time_limit > 0):
+        raise ValueError(
+            f"--time-limit {a.time_limit} is invalid: must be a finite number of seconds > 0"
+        )
+    if a.dp_reserve is not None and not (math.isfinite(a.dp_reserve) and a.dp_reserve >= 0):
+        raise ValueError(
+            f"--dp-reserve {a.dp_reserve} is invalid: must be a finite number of seconds >= 0"
+        )
+
+
 def run(a: argparse.Namespace) -> None:
     check_flags_read(a)
+    check_seconds(a)
     if a.what == "serve" and a.sweep:
         sweep_servers(a)
         return
@@ -220,7 +236,15 @@ def run(a: argparse.Namespace) -> None:
         load_server(a)
         return
     if a.what == "gpu":
+        import torch
+
         from outpace.bench.gpu import run_gpu_bench
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"bench gpu runs on a GPU, and torch {torch.__version__} sees none here (bench cpu, "
+                "speed and acceptance run on the CPU)"
+            )
 
         shapes = a.shapes.split(",") if a.shapes else None
         run_gpu_bench(
@@ -294,7 +318,7 @@ def multi_plan(a: argparse.Namespace):
             ("dp_reserve_s", a.dp_reserve),
             ("world", a.gpus),
         )
-        if v
+        if v is not None
     }
     if a.no_oracle:
         fields["seed_oracle"] = False

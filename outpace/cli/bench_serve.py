@@ -4,6 +4,7 @@ load each at several concurrencies."""
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -87,6 +88,13 @@ def add_serve_bench_args(b: argparse.ArgumentParser) -> None:
     )
 
 
+def check_temperature(a: argparse.Namespace) -> None:
+    """--temperature as a request's (SamplingParams): a finite number >= 0, else refused by name before any
+    request (the server answered every request 400, and --sweep ended plotting no numbers)."""
+    if not (math.isfinite(a.temperature) and a.temperature >= 0):
+        raise ValueError(f"--temperature {a.temperature} is invalid: must be a finite number >= 0")
+
+
 def load_server(a: argparse.Namespace) -> None:
     """``bench serve``: load the server at --url."""
     import httpx
@@ -95,8 +103,9 @@ def load_server(a: argparse.Namespace) -> None:
 
     if a.concurrency and len(a.concurrency) > 1:
         sys.exit("error: bench serve --url runs one concurrency (several need --sweep)")
-    if a.prompts is not None and not Path(a.prompts).is_file():
-        raise ValueError(f"--prompts {a.prompts}: no such file")
+    check_temperature(a)
+    if a.prompts is not None:
+        check_prompts(a.prompts)
     try:
         run_serve_bench(
             a.url,
@@ -114,12 +123,53 @@ def load_server(a: argparse.Namespace) -> None:
         raise ValueError(f"--url {a.url}: {e or type(e).__name__}") from None
 
 
+def check_prompts(path: str) -> None:
+    """Refuse a --prompts file that holds no prompts, naming the flag and the file, before any request."""
+    from outpace.server.bench import load_prompts
+
+    if not Path(path).is_file():
+        raise ValueError(f"--prompts {path}: no such file")
+    try:
+        load_prompts(path)
+    except (ValueError, KeyError, TypeError) as e:  # (invalid JSON or UTF-8; another shape)
+        raise ValueError(
+            f'--prompts {path}: not a JSON list of prompts or {{"prompts": [...]}} '
+            f"({type(e).__name__}: {e})"
+        ) from None
+
+
+def serve_flags(text: str) -> tuple[str, ...]:
+    """--serve-args split as a shell would, refused (naming it and the first flag or value `outpace serve`
+    would refuse) before any server starts rather than in each server's log."""
+    import contextlib
+    import io
+
+    from outpace.cli import build_parser
+
+    try:
+        flags = tuple(shlex.split(text))
+    except ValueError as e:  # (an unclosed quote)
+        raise ValueError(f"--serve-args {text!r}: {e}") from None
+    usage = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(usage):
+            build_parser().parse_args(["serve", "--model", TARGET, *flags])
+    except SystemExit:
+        problem = usage.getvalue().strip().splitlines()[-1:] or ["not flags of outpace serve"]
+        raise ValueError(f"--serve-args {text!r}: {problem[0]}") from None
+    return flags
+
+
 def sweep_servers(a: argparse.Namespace) -> None:
     """``bench serve --sweep``: start a server per method and load each at every concurrency."""
     from outpace.bench.serve_sweep import SweepConfig, run_serve_sweep
 
     if a.min_tokens > a.max_tokens:
         raise ValueError(f"--min-tokens {a.min_tokens} is more than --max-tokens {a.max_tokens}")
+    check_temperature(a)
+    if not (a.device in ("auto", "cpu") or a.device.startswith("cuda")):  # (as EngineConfig's)
+        raise ValueError(f"--device {a.device!r} is invalid: must be auto, cpu or cuda[:N]")
+    serve_args = serve_flags(a.serve_args)
     model_dir = Path(a.model_dir or a.workdir)
     if a.model_dir is None:
         from outpace.bench.e2e import widened_zoo
@@ -137,9 +187,15 @@ def sweep_servers(a: argparse.Namespace) -> None:
         seed=a.seed,
         device=a.device,
         dtype=a.dtype,
-        serve_args=tuple(shlex.split(a.serve_args)),
+        serve_args=serve_args,
         chat=a.chat,
     )
     # a field left None takes the sweep's default
     config = SweepConfig(**{k: v for k, v in given.items() if v is not None})
-    run_serve_sweep(model_dir, Path(a.out or "benchmarks"), config)
+    try:
+        run_serve_sweep(model_dir, Path(a.out or "benchmarks"), config)
+    except RuntimeError as e:
+        # (a server that refused its flags: bench/local_server.py ``check_alive``)
+        if not str(e).startswith("the server exited"):
+            raise
+        raise ValueError(f"bench serve --sweep: {e}") from None

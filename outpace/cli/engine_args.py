@@ -220,6 +220,21 @@ def graph_sizes(a: argparse.Namespace) -> list[int] | None:
     return a.cuda_graph_sizes
 
 
+def expert_parallel_size(a: argparse.Namespace) -> int:
+    """--expert-parallel-size, or the tensor-parallel size with --enable-expert-parallel: refused with
+    --tensor-parallel-size 1, where it would place every expert on the one rank (vLLM spreads the experts over
+    data-parallel ranks too; here each data-parallel replica holds all of them), never ignored."""
+    if not a.enable_expert_parallel:
+        return a.expert_parallel_size
+    if a.tensor_parallel_size == 1:
+        raise ValueError(
+            "--enable-expert-parallel places the experts over the tensor-parallel ranks, and "
+            "--tensor-parallel-size is 1: give --tensor-parallel-size N (EP = TP = N), or "
+            "--expert-parallel-size N for N ranks of experts with attention whole on each"
+        )
+    return a.tensor_parallel_size
+
+
 def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
     """The engine's keyword arguments (LLM, EngineConfig) that the flags of ``add_engine_args`` give."""
     kwargs = dict(
@@ -239,9 +254,7 @@ def engine_kwargs(a: argparse.Namespace, speculative: bool = True) -> dict:
         run_ahead=not a.no_run_ahead,
         batch_invariant=a.batch_invariant,
         tensor_parallel_size=a.tensor_parallel_size,
-        expert_parallel_size=a.tensor_parallel_size
-        if a.enable_expert_parallel
-        else a.expert_parallel_size,
+        expert_parallel_size=expert_parallel_size(a),
         dist_timeout=a.dist_timeout,
         generation_config=a.generation_config,
         override_generation_config=a.override_generation_config,

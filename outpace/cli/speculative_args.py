@@ -59,6 +59,9 @@ def speculative_config(a: argparse.Namespace) -> SpeculativeConfig:
     if method == "none":
         for flag, value in (
             ("--draft", a.draft),
+            ("--num-steps", a.num_steps),
+            ("--topk", None if a.topk == 1 else a.topk),
+            ("--num-draft-tokens", a.num_draft_tokens),
             ("--speculative-token-map", a.speculative_token_map),
         ):
             if value is not None:

@@ -34,10 +34,18 @@ def texts(path: Path) -> Iterator[str]:
     (cut at its lines, tokens that span a line break, as code tokenizers' newline-and-indent ones do, would go
     uncounted)."""
     if path.suffix != ".jsonl":
-        yield path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--text {path}: not UTF-8 text ({e})") from None
+        yield text
         return
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:  # (bytes, decoded a line at a time: an error names its line)
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"--text {path}: line {n} is not UTF-8 text ({e})") from None
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as e:

@@ -120,7 +120,7 @@ def run_target(a: argparse.Namespace) -> None:
     from outpace.train.target import TargetRecipe, reproducibility_check, train_target
 
     check_device(a.device)
-    overrides = {**recipe_overrides(a, ("steps", "max_minutes", "seed")), **field_values(a.set)}
+    overrides = with_set_fields(recipe_overrides(a, ("steps", "max_minutes", "seed")), a.set)
     try:
         recipe = TargetRecipe.toy(**overrides) if a.toy else TargetRecipe(**overrides)
     except TypeError as e:  # a --set field the recipe does not have
@@ -148,7 +148,7 @@ def draft_recipe(a: argparse.Namespace):
     overrides = recipe_overrides(a, names)
     if a.data:
         overrides["prompt_files"] = tuple(a.data)
-    overrides.update(field_values(a.set))
+    overrides = with_set_fields(overrides, a.set)
     try:
         return recipe_cls.toy(**overrides) if a.toy else recipe_cls(**overrides)
     except TypeError as e:  # a --set field the recipe does not have
@@ -181,6 +181,18 @@ def run_draft(a: argparse.Namespace) -> None:
         if name.startswith("temperature"):
             summary[f"heldout tau ({name})"] = row["acceptance_length"]
     print(json.dumps(summary, indent=2))
+
+
+def with_set_fields(flags: dict, pairs: list[str]) -> dict:
+    """The recipe fields the named flags give (``flags``) and --set gives (``pairs``): a field both give is
+    refused, naming both, rather than --set silently winning."""
+    fields = field_values(pairs)
+    for name in sorted(flags.keys() & fields.keys()):
+        flag = "--data" if name == "prompt_files" else f"--{name.replace('_', '-')}"
+        raise ValueError(
+            f"--set {name}={fields[name]!r} and {flag} both set the recipe's {name}: give one"
+        )
+    return {**flags, **fields}
 
 
 def field_values(pairs: list[str]) -> dict:

@@ -143,6 +143,9 @@ def test_bench_gpu_part_s_takes_the_shapes_and_time_limit(monkeypatch, tmp_path)
 
     calls = []
     monkeypatch.setattr(gpu, "run_gpu_bench", lambda out, **kw: calls.append((out, kw)))
+    monkeypatch.setattr(
+        "torch.cuda.is_available", lambda: True
+    )  # (bench gpu refuses a machine without one)
     argv = [
         "bench",
         "gpu",

@@ -12,7 +12,7 @@ import outpace.server.app
 import outpace.train.target
 from outpace import LLM, SamplingParams
 from outpace.cli import main, parse_args
-from outpace.config import EngineConfig
+from outpace.config import EngineConfig, SpeculativeConfig
 from outpace.validation import ConfigError
 from outpace.zoo import default_model, zoo_dir
 
@@ -261,3 +261,168 @@ def test_help_names_only_flags_the_command_takes(command, capsys, monkeypatch):
     }
     named = set(re.findall(FLAG, "\n".join(lines))) - {"--nproc-per-node"}  # (torchrun's)
     assert named - taken == set()
+
+
+def test_token_map_names_a_text_file_that_is_not_utf8(tmp_path):
+    """A --text file that is not UTF-8 ended the command with the codec's message alone, naming no file."""
+    plain, lines = tmp_path / "latin1.txt", tmp_path / "records.jsonl"
+    plain.write_bytes("caf\xe9\n".encode("latin-1"))
+    lines.write_bytes(b'{"text": "def f(): pass"}\n{"text": "caf\xe9"}\n')
+    token_map = ["token-map", str(zoo_dir() / "tinypy"), "--size", "8", "--out"]
+    out = str(tmp_path / "map.pt")
+    assert error_of([*token_map, out, "--text", str(plain)]).startswith(
+        f"error: --text {plain}: not UTF-8 text ("
+    )
+    assert error_of([*token_map, out, "--text", str(lines)]).startswith(
+        f"error: --text {lines}: line 2 is not UTF-8 text ("
+    )
+
+
+def test_bench_serve_names_a_prompts_file_that_holds_no_prompts(tmp_path):
+    """--prompts with invalid JSON ended with json's message alone, naming no file; an object without
+    "prompts" with a KeyError traceback."""
+    for name, text, cause in (
+        ("bad.json", "{bad", "JSONDecodeError"),
+        ("object.json", '{"x": 1}', "KeyError"),
+        ("number.json", "5", "TypeError"),
+    ):
+        path = tmp_path / name
+        path.write_text(text)
+        error = error_of(["bench", "serve", "--url", "http://127.0.0.1:1", "--prompts", str(path)])
+        assert error.startswith(f"error: --prompts {path}: not a JSON list of prompts"), error
+        assert f"({cause}: " in error
+
+
+@pytest.mark.parametrize(
+    "serve_args, problem",
+    [
+        ('"--num-kv-blocks 4', "No closing quotation"),
+        ("--bogus 4", "unrecognized arguments: --bogus"),
+        ("--num-kv-blocks x", "argument --num-kv-blocks: invalid int value: 'x'"),
+    ],
+)
+def test_bench_serve_sweep_refuses_serve_args_before_any_server_starts(
+    serve_args, problem, monkeypatch, capsys
+):
+    """An unclosed quote ended with shlex's message alone; a flag `outpace serve` refuses started a server per
+    method, each ending in a RuntimeError traceback with the refusal in its log."""
+    import outpace.bench.serve_sweep as serve_sweep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a server started before --serve-args was checked")
+
+    monkeypatch.setattr(serve_sweep, "run_serve_sweep", refuse)
+    error = error_of(
+        ["bench", "serve", "--sweep", "--model-dir", str(zoo_dir()), "--serve-args", serve_args]
+    )
+    assert error.startswith(f"error: --serve-args {serve_args!r}: "), error
+    assert problem in error
+    assert capsys.readouterr().err == ""  # (the usage of serve's parser is not printed)
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["multi", "--time-limit", "0"], "--time-limit 0.0 is invalid: must be"),
+        (["multi", "--time-limit", "-5"], "--time-limit -5.0 is invalid: must be"),
+        (["gpu", "--time-limit", "nan"], "--time-limit nan is invalid: must be"),
+        (["multi", "--dp-reserve", "-1"], "--dp-reserve -1.0 is invalid: must be"),
+    ],
+)
+def test_bench_seconds_must_be_finite_and_positive(flags, error):
+    """bench multi took --time-limit 0 (and --dp-reserve 0) for "not given", and ran with its default; a
+    negative limit reached the run."""
+    assert error_of(["bench", *flags]).startswith(f"error: {error}")
+
+
+def test_bench_multi_takes_a_dp_reserve_of_0():
+    from outpace.cli.bench import multi_plan
+
+    assert multi_plan(parse_args(["bench", "multi", "--dp-reserve", "0"])).dp_reserve_s == 0
+
+
+def test_bench_gpu_without_a_gpu_is_one_line(monkeypatch):
+    """bench gpu on a machine without a GPU ended in torch's AssertionError traceback."""
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert error_of(["bench", "gpu"]).startswith("error: bench gpu runs on a GPU, and torch ")
+
+
+def test_train_refuses_a_set_field_that_a_flag_also_sets(monkeypatch, tmp_path):
+    """--steps 3 --set steps=5 trained 5 steps: --set silently won over the named flag."""
+    import outpace.train.ranks
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(outpace.train.target, "train_target", refuse)
+    monkeypatch.setattr(outpace.train.ranks, "train_on_ranks", refuse)
+    common = ["--out", str(tmp_path), "--device", "cpu", "--toy"]
+    assert error_of(["train", "target", *common, "--steps", "3", "--set", "steps=5"]) == (
+        "error: --set steps=5 and --steps both set the recipe's steps: give one"
+    )
+    draft = ["train", "draft", "--method", "mtp", *common, "--data", "a.txt"]
+    assert error_of([*draft, "--set", "prompt_files=[]"]).startswith(
+        "error: --set prompt_files=() and --data both set"
+    )
+
+
+def test_bench_serve_refuses_a_temperature_and_device_no_request_or_server_takes(monkeypatch):
+    """--temperature -1 had every request answered 400 (--sweep then ended in matplotlib's "Data cannot be
+    log-scaled"); --sweep --device banana, in a RuntimeError traceback per server, the refusal in its log."""
+    import outpace.bench.serve_sweep as serve_sweep
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a server started before the flags were checked")
+
+    monkeypatch.setattr(serve_sweep, "run_serve_sweep", refuse)
+    sweep = ["bench", "serve", "--sweep", "--model-dir", str(zoo_dir())]
+    assert error_of([*sweep, "--temperature", "-1"]) == (
+        "error: --temperature -1.0 is invalid: must be a finite number >= 0"
+    )
+    assert error_of(["bench", "serve", "--url", "http://127.0.0.1:1", "--temperature", "nan"]) == (
+        "error: --temperature nan is invalid: must be a finite number >= 0"
+    )
+    assert error_of([*sweep, "--device", "banana"]) == (
+        "error: --device 'banana' is invalid: must be auto, cpu or cuda[:N]"
+    )
+
+
+def test_bench_serve_sweep_ends_with_the_error_of_a_server_that_exited(monkeypatch):
+    import outpace.bench.serve_sweep as serve_sweep
+
+    def exited(*args, **kwargs):
+        raise RuntimeError(
+            "the server exited with 1; its log ends:\nerror: EngineConfig.x=1 is invalid"
+        )
+
+    monkeypatch.setattr(serve_sweep, "run_serve_sweep", exited)
+    error = error_of(["bench", "serve", "--sweep", "--model-dir", str(zoo_dir())])
+    assert error == (
+        "error: bench serve --sweep: the server exited with 1; its log ends:\n"
+        "error: EngineConfig.x=1 is invalid"
+    )
+
+
+@pytest.mark.parametrize(
+    "fields, error",
+    [
+        (
+            dict(draft="d"),
+            "SpeculativeConfig.draft='d' is invalid: must be None with method 'none'",
+        ),
+        (
+            dict(method="mtp", ngram_min=1),
+            "SpeculativeConfig.ngram_min=1 is invalid: must be left at 2",
+        ),
+        (
+            dict(ngram_max=6),
+            "SpeculativeConfig.ngram_max=6 is invalid: must be left at 4 with method",
+        ),
+    ],
+)
+def test_speculative_config_refuses_fields_its_method_does_not_read(fields, error):
+    """A draft without a drafter and n-gram sizes for another drafter were silently unused (the engine refuses a
+    draft for a drafter that loads none: tests/speculative/test_draft_config_refusals.py)."""
+    with pytest.raises(ConfigError) as refused:
+        SpeculativeConfig(**fields)
+    assert str(refused.value).startswith(error), refused.value

@@ -91,3 +91,48 @@ def test_serve_refuses_max_num_seqs_past_memory_by_name(monkeypatch):
     assert str(e.value.code).startswith(
         "error: EngineConfig.max_num_seqs=100000 is invalid: the engine allocates a block-table row"
     ), e.value.code
+
+
+def test_state_checkpoints_with_prefix_caching_off_are_refused_naming_both():
+    """--num-state-checkpoints N with --no-enable-prefix-caching allocated nothing and was silently dropped (the
+    checkpoints serve prefix caching alone); 0 agrees with it and is taken."""
+    flags = ["--device", "cpu", "--no-enable-prefix-caching", "--num-state-checkpoints"]
+    kwargs = engine_kwargs(parse_args(["generate", ZOO, *flags, "4", *PROMPT]))
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig(model=ZOO, **kwargs)
+    assert str(refused.value).startswith(
+        "EngineConfig.num_state_checkpoints=4 does not apply with "
+        "EngineConfig.enable_prefix_caching=False (--no-enable-prefix-caching)"
+    )
+    kwargs = engine_kwargs(parse_args(["generate", ZOO, *flags, "0", *PROMPT]))
+    assert EngineConfig(model=ZOO, **kwargs).num_state_checkpoints == 0
+
+
+@pytest.mark.parametrize("command", [["generate", *PROMPT], ["serve", "--dp", "2"]])
+def test_enable_expert_parallel_without_tensor_parallel_ranks_is_refused(command):
+    """vLLM's --enable-expert-parallel with --tensor-parallel-size 1 (alone, or beside serve's data-parallel
+    replicas, over which vLLM spreads the experts) made EP = TP = 1: the flag was silently dropped."""
+    a = parse_args([command[0], ZOO, "--device", "cpu", "--enable-expert-parallel", *command[1:]])
+    with pytest.raises(ValueError, match="^--enable-expert-parallel places the experts over the "):
+        engine_kwargs(a)
+    a = parse_args([command[0], ZOO, "--enable-expert-parallel", "--tp", "2", *command[1:]])
+    assert engine_kwargs(a, speculative=False)["expert_parallel_size"] == 2
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["serve", ZOO, "--max-tokens", "5"], "--max-tokens"),  # (was --max-tokens-limit)
+        (["generate", ZOO, *PROMPT, "--speculative", "map.pt"], "--speculative"),
+        (["generate", ZOO, *PROMPT, "--temp", "0.5"], "--temp"),  # (was --temperature)
+        (["bench", "speed", "--model", ZOO, "--batch", "4"], "--batch"),  # (was --batch-sizes)
+        (["train", "draft", "--method", "mtp", "--out", "x", "--nproc", "2"], "--nproc"),
+    ],
+)
+def test_a_flag_we_do_not_take_is_refused_not_read_as_one_it_begins(argv, flag, capsys):
+    """argparse's prefix matching read a flag that only begins one of ours (serve's --max-tokens, which vLLM's
+    sampling habits bring) as that flag, silently."""
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err

@@ -104,3 +104,30 @@ def test_a_draft_without_a_method_is_refused_off_the_zoo_target(no_target_load, 
 def test_a_drafter_that_needs_a_draft_asks_for_the_flag(no_target_load, llama_dir):
     with pytest.raises(SystemExit, match="--method dflash needs --draft DIR"):
         generate(str(llama_dir), "--method", "dflash")
+
+
+@pytest.mark.parametrize(
+    "flags", [("--num-steps", "3"), ("--topk", "2"), ("--num-draft-tokens", "4")]
+)
+def test_a_draft_shape_without_a_drafter_is_refused_by_name(no_target_load, llama_dir, flags):
+    """--num-steps, --topk and --num-draft-tokens with --method none (given, or the default off the zoo target)
+    drafted nothing and were silently dropped."""
+    for method in (["--method", "none"], []):
+        with pytest.raises(SystemExit) as e:
+            generate(str(llama_dir), *method, *flags)
+        assert str(e.value.code) == (
+            f"error: {' '.join(flags)} is given, but --method is none: name the drafter with --method"
+        )
+
+
+def test_num_steps_past_the_rows_a_draft_may_reach_is_refused_before_the_drafter_is_built(
+    no_target_load,
+):
+    """--num-steps 1000000 got past SpeculativeConfig and ended in the allocator's RuntimeError traceback when the
+    drafter sized its buffers (the engine's check of the rows drafts reach came after them)."""
+    with pytest.raises(SystemExit) as e:
+        generate("--method", "eagle3", "--num-steps", "1000000")
+    assert str(e.value.code).startswith(
+        "error: SpeculativeConfig.num_steps=1000000 is invalid: must be an integer in [1, 63]"
+    ), e.value.code
+    assert SpeculativeConfig("ngram", num_steps=63).num_steps == 63

@@ -49,12 +49,23 @@ def test_drafts_do_not_shorten_the_context_and_stay_lossless_at_its_end(llm):
 
 
 def test_drafts_reaching_past_what_the_rotary_tables_cover_are_refused():
+    """A chain's steps are bounded by SpeculativeConfig itself (before a drafter is sized for them); a tree's rows,
+    which its drafter counts, by the engine."""
     with pytest.raises(
         ConfigError,
-        match=r"num_steps=100, topk=1, num_draft_tokens=101 is invalid: its drafts reach 100 "
+        match=r"SpeculativeConfig.num_steps=100 is invalid: must be an integer in \[1, 63\]",
+    ):
+        SpeculativeConfig("ngram", num_steps=100)
+    with pytest.raises(
+        ConfigError,
+        match=r"num_steps=5, topk=100, num_draft_tokens=16 is invalid: its drafts reach \d+ "
         r"rows past a request's last token, at most 63 are supported",
     ):
-        LLM(TINYPY, device="cpu", speculative=SpeculativeConfig("ngram", num_steps=100))
+        LLM(
+            TINYPY,
+            device="cpu",
+            speculative=SpeculativeConfig("eagle3", f"{TINYPY}-eagle3", topk=100),
+        )
 
 
 def test_a_tree_whose_topk_reaches_past_the_rotary_tables_is_refused_naming_topk():
