@@ -558,6 +558,20 @@ class DeepseekForCausalLM(nn.Module, ConfigHooks):
     mtp_own_heads = True
 
     @classmethod
+    def config_defaults(cls, cfg: ConfigFields) -> dict:
+        archs = cfg.get("architectures")
+        arch = archs[0] if isinstance(archs, list) and archs else None
+        # DeepseekV2Config's max_position_embeddings (DeepseekV3Config's is the common 4096, Mistral4Config's
+        # Mistral4ForCausalLM.config_overrides'): the length YaRN scales from where its parameters give none
+        if arch == V2 and "max_position_embeddings" not in cfg:
+            return {"max_position_embeddings": 2048}
+        # DeepseekV3Config's num_nextn_predict_layers, 1: MTP layers are built only where the checkpoint has them
+        # (``mtp_own_heads``); read as 0, a checkpoint's MTP layer (layer num_hidden_layers) was refused
+        if arch is not None and version(arch) == V3 and "num_nextn_predict_layers" not in cfg:
+            return {"num_nextn_predict_layers": 1}
+        return {}
+
+    @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
         # DeepseekV2Config / DeepseekV3Config.__post_init__ derive head_dim from qk_rope_head_dim (the
         # file's head_dim is not read; MLA's shapes are DeepseekConfig's)

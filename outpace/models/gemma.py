@@ -352,6 +352,7 @@ class Gemma3ForCausalLM(GemmaForCausalLMBase):
         "max_position_embeddings": 131072,
         "tie_word_embeddings": True,
         "head_dim": 256,
+        "num_key_value_heads": 4,
     }
 
     @classmethod

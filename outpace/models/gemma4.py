@@ -143,7 +143,14 @@ class Gemma4Config:
             )
         moe = None
         if config_flag(cfg, "enable_moe_block"):
-            moe = Gemma4Moe(raw["num_experts"], raw["top_k_experts"], raw["moe_intermediate_size"])
+            # Gemma4TextConfig's are None: required with the MoE block (a bare KeyError before)
+            fields = ConfigFields(raw, cfg.source)
+            experts = fields.integer("num_experts")
+            moe = Gemma4Moe(
+                experts,
+                fields.integer("top_k_experts", maximum=experts),
+                fields.integer("moe_intermediate_size"),
+            )
         return cls(
             ropes=layer_type_ropes(
                 raw.get("rope_parameters") or DEFAULT_ROPE_PARAMETERS, ROPE_TYPES
@@ -531,6 +538,7 @@ class Gemma4ForCausalLM(GemmaForCausalLMBase):
         "max_position_embeddings": 131072,
         "tie_word_embeddings": True,
         "head_dim": 256,
+        "num_key_value_heads": 4,
     }
 
     @classmethod
@@ -569,6 +577,7 @@ class Gemma4UnifiedForCausalLM(Gemma4ForCausalLM):
         "max_position_embeddings": 262144,
         "tie_word_embeddings": True,
         "head_dim": 256,
+        "num_key_value_heads": 4,
     }
 
 

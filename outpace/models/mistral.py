@@ -29,7 +29,8 @@ class MistralForCausalLM(LlamaForCausalLM):
     scaled by position, ``llama_4_scaling_beta``, which the Llama family's rotary applies)."""
 
     query_scaling = True
-    class_defaults = {"max_position_embeddings": 131072}  # MistralConfig's
+    # MistralConfig's (MinistralConfig's too)
+    class_defaults = {"max_position_embeddings": 131072, "num_key_value_heads": 8}
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
@@ -41,7 +42,12 @@ class MistralForCausalLM(LlamaForCausalLM):
             return super().config_defaults(cfg)
         # Ministral3Config's; its __post_init__ gives rope_parameters where the file has none (a top-level
         # rope_theta then unread) and replaces a null head_dim by hidden_size // num_attention_heads
-        defaults = {"max_position_embeddings": 262144, "rms_norm_eps": 1e-5, "head_dim": 128}
+        defaults = {
+            "max_position_embeddings": 262144,
+            "rms_norm_eps": 1e-5,
+            "head_dim": 128,
+            "num_key_value_heads": 8,
+        }
         out = {k: v for k, v in defaults.items() if k not in cfg}
         if cfg.get("rope_parameters") is None and not cfg.get("rope_scaling"):
             out["rope_parameters"] = dict(MINISTRAL3_ROPE)

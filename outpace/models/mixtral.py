@@ -46,7 +46,12 @@ def mixtral_routing(cfg: ModelConfig) -> Routing:
 class MixtralForCausalLM(MixtureStack, MistralForCausalLM):
     query_scaling = False  # (Ministral 3's; MixtralConfig's rope has none)
     # MixtralConfig's (its default_theta, 1e6)
-    class_defaults = {"max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1e6}
+    class_defaults = {
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6,
+        "num_key_value_heads": 8,
+    }
 
     @classmethod
     def layer_windows(cls, cfg: ConfigFields, num_layers: int) -> tuple[int | None, ...]:

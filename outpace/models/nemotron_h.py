@@ -409,7 +409,7 @@ class NemotronHModel(nn.Module):
 class NemotronHForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
-    class_defaults = {"head_dim": 128}  # NemotronHConfig's
+    class_defaults = {"head_dim": 128, "num_key_value_heads": 8}  # NemotronHConfig's
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

@@ -12,7 +12,7 @@ from outpace.validation import ConfigFields
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
-    class_defaults = {"max_position_embeddings": 32768}  # Qwen2Config's
+    class_defaults = {"max_position_embeddings": 32768, "num_key_value_heads": 32}  # Qwen2Config's
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
@@ -43,7 +43,12 @@ class Qwen2VLTextForCausalLM(TextOfMultimodal, Qwen2ForCausalLM):
     TOWERS = ("visual",)
     text_name = staticmethod(own_text_name)
     # Qwen2VLTextConfig's and Qwen2_5_VLTextConfig's (their default_theta, 1e6)
-    class_defaults = {"max_position_embeddings": 32768, "rms_norm_eps": 1e-5, "rope_theta": 1e6}
+    class_defaults = {
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1e6,
+        "num_key_value_heads": 8,
+    }
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

@@ -28,7 +28,8 @@ from outpace.validation import ConfigFields
 
 
 class Qwen2MoeForCausalLM(MixtureStack, Qwen2ForCausalLM):
-    class_defaults = {"max_position_embeddings": 32768}  # Qwen2MoeConfig's
+    # Qwen2MoeConfig's
+    class_defaults = {"max_position_embeddings": 32768, "num_key_value_heads": 16}
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

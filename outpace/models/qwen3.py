@@ -12,7 +12,8 @@ from outpace.validation import ConfigFields
 
 
 class Qwen3ForCausalLM(Qwen2ForCausalLM):
-    class_defaults = {"max_position_embeddings": 32768, "head_dim": 128}  # Qwen3Config's
+    # Qwen3Config's
+    class_defaults = {"max_position_embeddings": 32768, "head_dim": 128, "num_key_value_heads": 32}
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
@@ -25,4 +26,9 @@ class Qwen3VLTextForCausalLM(TextOfMultimodal, Qwen3ForCausalLM):
 
     TOWERS = ("model.visual",)
     # Qwen3VLTextConfig's (its default_theta, 5e5)
-    class_defaults = {"max_position_embeddings": 128000, "head_dim": 128, "rope_theta": 5e5}
+    class_defaults = {
+        "max_position_embeddings": 128000,
+        "head_dim": 128,
+        "rope_theta": 5e5,
+        "num_key_value_heads": 32,
+    }

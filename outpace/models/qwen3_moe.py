@@ -80,7 +80,7 @@ class Qwen3MoeConfig:
 
 class Qwen3MoeForCausalLM(MixtureStack, Qwen3ForCausalLM):
     # Qwen3MoeConfig's (its head_dim, None, is hidden_size // num_attention_heads)
-    class_defaults = {"max_position_embeddings": 32768}
+    class_defaults = {"max_position_embeddings": 32768, "num_key_value_heads": 4}
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
@@ -128,5 +128,19 @@ class Qwen3VLMoeTextForCausalLM(TextOfMultimodal, Qwen3MoeForCausalLM):
     positions as plain RoPE does (models/qwen3.py); the vision tower skipped."""
 
     TOWERS = ("model.visual",)
-    # Qwen3VLMoeTextConfig's (its default_theta, 5e5; its head_dim, None, is hidden_size // num_attention_heads)
-    class_defaults = {"max_position_embeddings": 128000, "rope_theta": 5e5}
+    # Qwen3VLMoeTextConfig's (its default_theta, 5e5; its head_dim, None, is hidden_size // num_attention_heads),
+    # its mixture's too (Qwen3MoeConfig's are 128 experts of width 768, 8 per token)
+    class_defaults = {
+        "max_position_embeddings": 128000,
+        "rope_theta": 5e5,
+        "num_key_value_heads": 16,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+    }
+
+    @classmethod
+    def config_defaults(cls, cfg: ConfigFields) -> dict:
+        # num_local_experts is the class's name of num_experts (its attribute_map)
+        given = {"num_experts"} if "num_local_experts" in cfg else set()
+        return {k: v for k, v in super().config_defaults(cfg).items() if k not in given}

@@ -94,6 +94,7 @@ NEXT = "Qwen3NextForCausalLM"
 # Qwen3.5's mixtures (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B, Qwen3.6-35B-A3B): its text model or the hub's
 # multimodal checkpoint
 QWEN35_MOE = ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration")
+QWEN35_DENSE = ("Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration")
 # transformers' Qwen3_5MoeTextConfig drops these Qwen3NextConfig fields (every layer's MLP is the mixture, its
 # router always renormalises: Qwen3VLMoeTextTopKRouter): a Qwen3.5-MoE config that sets them otherwise is refused
 QWEN35_MOE_FIXED = {"decoder_sparse_step": 1, "mlp_only_layers": (), "norm_topk_prob": True}
@@ -528,9 +529,20 @@ def _check_types(cfg: ConfigFields) -> None:
 class Qwen3NextForCausalLM(nn.Module, ConfigHooks):
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
-    # Qwen3NextConfig's, Qwen3_5TextConfig's and Qwen3_5MoeTextConfig's
-    class_defaults = {"max_position_embeddings": 32768, "head_dim": 256}
+    # Qwen3NextConfig's, Qwen3_5TextConfig's and Qwen3_5MoeTextConfig's (Qwen3_5TextConfig's num_key_value_heads
+    # is 4: ``config_defaults``)
+    class_defaults = {"max_position_embeddings": 32768, "head_dim": 256, "num_key_value_heads": 2}
     partial_rotary = True  # RoPE turns the leading partial_rotary_factor of each head
+
+    @classmethod
+    def config_defaults(cls, cfg: ConfigFields) -> dict:
+        defaults, arch = dict(cls.class_defaults), (cfg.get("architectures") or [None])[0]
+        if arch in QWEN35_DENSE:
+            defaults["num_key_value_heads"] = 4
+        if arch in QWEN35_MOE:
+            # Qwen3_5MoeTextConfig's mixture (``DEFAULTS`` holds Qwen3NextConfig's 512 experts, 10 per token)
+            defaults |= {"num_experts": 256, "num_experts_per_tok": 8}
+        return {k: v for k, v in defaults.items() if k not in cfg}
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:

@@ -456,6 +456,15 @@ class Step3p5ForCausalLM(nn.Module, ConfigHooks):
     ignored_checkpoint_tensors = (r"\.rotary_emb\.inv_freq$",)
     # Sharded over tensor-parallel ranks when built inside distributed.group.building_in (module docstring).
     shards_over_ranks = True
+    # vLLM's Step3p5Config's (the source of step3p5_config.py's ``DEFAULTS``; transformers has no such class)
+    class_defaults = {"rms_norm_eps": 1e-5}
+
+    @classmethod
+    def config_defaults(cls, cfg: ConfigFields) -> dict:
+        defaults = super().config_defaults(cfg)
+        if cfg.get("num_key_value_heads") is None and "num_attention_groups" not in cfg:
+            defaults["num_attention_groups"] = 8  # (Step3p5Config's; its name for the kv heads)
+        return defaults
 
     @classmethod
     def config_overrides(cls, cfg: ConfigFields) -> dict:
