@@ -485,6 +485,11 @@ def set_up_prefix_cache(
     (why it is off, None when on; the checkpoints' index, None without recurrent state)."""
     enable = config.enable_prefix_caching
     checkpoints = 0  # recurrent-state checkpoints (hybrid targets only)
+    if not runner.has_recurrent_state and config.num_state_checkpoints:
+        raise ConfigError(
+            f"EngineConfig.num_state_checkpoints={config.num_state_checkpoints} (--num-state-checkpoints) is "
+            f"invalid: {config.model} has no recurrent layers, whose states it keeps; leave it out"
+        )
     if runner.has_recurrent_state:
         checkpoints = config.num_state_checkpoints
         checkpoints = config.max_num_seqs if checkpoints is None else checkpoints

@@ -132,6 +132,17 @@ def test_no_state_checkpoints_turn_hybrid_prefix_caching_off(tmp_path):
         LLM(path, num_state_checkpoints=-1)
 
 
+def test_state_checkpoints_for_a_target_without_recurrent_layers_are_refused_by_name():
+    """--num-state-checkpoints N on a dense target allocated nothing and was silently dropped."""
+    with pytest.raises(
+        ConfigError,
+        match=r"^EngineConfig.num_state_checkpoints=2 \(--num-state-checkpoints\) is invalid: .*tinypy has no "
+        "recurrent layers",
+    ):
+        LLM(str(ZOO / "tinypy"), num_state_checkpoints=2)
+    assert LLM(str(ZOO / "tinypy"), num_state_checkpoints=0).engine.pool.prefix_cache is not None
+
+
 def test_the_batch_invariant_mode_turns_hybrid_prefix_caching_off(tmp_path):
     """Cut at a checkpoint, a hybrid prompt's prefill has other bits; where it is cut depends on the drafter
     (MTP's log-probabilities left plain decoding's on the GPU, benchmarks/results/gpu_2026-12-07b)."""
