@@ -146,44 +146,52 @@ def read(config: dict) -> tuple:
     return cfg, family[0](cfg) if family else None
 
 
-@pytest.mark.parametrize("field", FIELDS)
-@pytest.mark.parametrize("arch", list(FAMILIES))
-def test_a_field_left_out_reads_as_its_config_class_default(arch, field):
+def written(arch: str, **changes) -> dict:
+    """The config.json transformers writes for ``arch``'s config class at FAMILIES' sizes (``changes`` applied,
+    a None deleting a size)."""
     config_class, sizes = FAMILIES[arch]
-    sizes = {**SIZES, **sizes}
-    architecture = arch.split("/")[0]
-    written = {
-        **getattr(transformers, config_class)(**sizes).to_dict(),
-        "architectures": [architecture],
-    }
-    if field not in written or field in sizes or ALIASES.get(field) in sizes:
-        pytest.skip(f"{config_class} writes no {field} of its own")
-    if (arch, field) in NOT_FLAT:
-        pytest.skip(NOT_FLAT[arch, field])
-    left_out = {k: v for k, v in written.items() if k != field}
+    sizes = {k: v for k, v in {**SIZES, **sizes, **changes}.items() if v is not None}
+    config = getattr(transformers, config_class)(**sizes)
+    return {**config.to_dict(), "architectures": [arch.split("/")[0]]}
+
+
+def left_out_cases() -> list:
+    """(architecture, field) for each field of FIELDS that the class writes of its own (not one of the sizes it is
+    built with) and that its text config gives."""
+    cases = []
+    for arch, (_, sizes) in FAMILIES.items():
+        config = written(arch)
+        for field in FIELDS:
+            own = field in config and field not in sizes and ALIASES.get(field) not in sizes
+            if own and (arch, field) not in NOT_FLAT:
+                cases.append(pytest.param(arch, field, id=f"{arch}-{field}"))
+    return cases
+
+
+@pytest.mark.parametrize(("arch", "field"), left_out_cases())
+def test_a_field_left_out_reads_as_its_config_class_default(arch, field):
+    config_class = FAMILIES[arch][0]
+    given = written(arch)
+    left_out = {k: v for k, v in given.items() if k != field}
     # transformers reads the config without the field as its class's default, the value written
     reread = getattr(transformers, config_class)(
         **{k: v for k, v in left_out.items() if k != "architectures"}
     )
-    assert reread.to_dict()[field] == written[field]
-    assert read(left_out) == read(written)
+    assert reread.to_dict()[field] == given[field]
+    assert read(left_out) == read(given)
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+# (MLA families give num_key_value_heads among their sizes: as many kv heads as heads)
+@pytest.mark.parametrize(
+    "arch", [arch for arch, (_, sizes) in FAMILIES.items() if "num_key_value_heads" not in sizes]
+)
 def test_kv_heads_left_out_read_as_the_config_class_count(arch):
     """num_key_value_heads left out: the class's count (MistralConfig's 8, Qwen2Config's 32 ...), whatever
     num_attention_heads is, as transformers reads it (LlamaConfig's, None, is num_attention_heads); before,
     outpace read num_attention_heads, and refused a grouped-query checkpoint's k_proj and v_proj by their shapes."""
-    config_class, sizes = FAMILIES[arch]
-    if "num_key_value_heads" in sizes:
-        pytest.skip("MLA: as many kv heads as heads")
-    sizes = {**SIZES, **sizes, "num_attention_heads": 64, "hidden_size": 1024}
-    del sizes["num_key_value_heads"]
-    cls = getattr(transformers, config_class)
-    written = {**cls(**sizes).to_dict(), "architectures": [arch.split("/")[0]]}
-    left_out = {k: v for k, v in written.items() if k != "num_key_value_heads"}
-    assert cls(**sizes).num_key_value_heads == written["num_key_value_heads"]
-    assert read(left_out) == read(written)
+    given = written(arch, num_attention_heads=64, hidden_size=1024, num_key_value_heads=None)
+    left_out = {k: v for k, v in given.items() if k != "num_key_value_heads"}
+    assert read(left_out) == read(given)
 
 
 @pytest.mark.parametrize(("field", "value"), [("rms_norm_eps", 1e-5), ("num_attention_groups", 8)])
