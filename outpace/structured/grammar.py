@@ -27,6 +27,8 @@ JSON (a schema or ``json_object``) is generated compactly, with no free whitespa
 (xgrammar's ``any_whitespace=False``), so a model cannot stall in whitespace until max_tokens.
 A schema's ``$ref`` must resolve inside the schema: xgrammar lets any value through where a reference
 leaves it (another file, a URL, an anchor), so such a schema is refused rather than run unconstrained.
+A schema keyword xgrammar compiles but does not enforce (``multipleOf``, ``uniqueItems``, ``patternProperties``,
+a string ``format`` it lacks, ...: vLLM's ``has_xgrammar_unsupported_json_features``) is refused by name.
 A schema nests at most ``MAX_SCHEMA_DEPTH`` levels: xgrammar's compile time grows as the cube of the depth.
 """
 
@@ -118,6 +120,7 @@ class GrammarCompiler:
             schema = _parsed_schema(spec.json)
             _check_depth(schema)
             _check_refs(schema, schema)
+            _check_features(schema)
         try:
             if kind == "json":
                 return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
@@ -134,7 +137,13 @@ class GrammarCompiler:
                 )
             return compiler.compile_grammar(spec.grammar)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError with its parser's message
-            raise ConstraintError(kind, _parser_message(e)) from None
+            detail = _parser_message(e)
+            if kind == "grammar" and "::=" not in spec.grammar:  # vLLM's test for a Lark grammar
+                detail += (
+                    " (it looks like a Lark grammar, which outpace does not read: write it in EBNF, "
+                    'rule root first: root ::= "a" | "b")'
+                )
+            raise ConstraintError(kind, detail) from None
 
     def check(self, spec: StructuredOutputsParams) -> None:
         """At admission: the constraint compiles and some output satisfies it (``ConstraintError`` otherwise)."""
@@ -321,6 +330,65 @@ def _resolve(ref: str, root: Any) -> None:
             raise ConstraintError(
                 "json", f"$ref {ref!r} cannot be resolved: the schema has no {part!r} there"
             )
+
+
+# Schema keywords xgrammar compiles but does not enforce (vLLM's ``has_xgrammar_unsupported_json_features``, which
+# sends such a schema to another backend or refuses it): outpace, with xgrammar alone, refuses them by name.
+_UNENFORCED_KEYWORDS = (
+    "multipleOf",
+    "uniqueItems",
+    "contains",
+    "minContains",
+    "maxContains",
+    "patternProperties",
+    "propertyNames",
+    "dependentSchemas",
+)
+# String formats xgrammar enforces (vLLM's STRING_SUPPORTED_FORMATS); another is refused.
+_STRING_FORMATS = frozenset(
+    "email date time date-time duration ipv4 ipv6 hostname uuid uri uri-reference uri-template "
+    "json-pointer relative-json-pointer".split()
+)
+_SCHEMA_MAPS = ("properties", "$defs", "definitions")  # their values are schemas, their keys names
+
+
+def _check_features(node: Any, at: str = "") -> None:
+    """No schema in ``node`` uses a keyword xgrammar would silently not enforce (ConstraintError naming the
+    keyword and where it is, as a JSON pointer)."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_features(item, f"{at}/{i}")
+        return
+    if not isinstance(node, dict):
+        return
+    where = at or "/"
+    for key in _UNENFORCED_KEYWORDS:
+        if key in node:
+            raise ConstraintError(
+                "json",
+                f"the keyword {key!r} (at {where}) is not supported: xgrammar does not enforce it",
+            )
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in _STRING_FORMATS:
+        raise ConstraintError(
+            "json",
+            f"the string format {fmt!r} (at {where}) is not supported: xgrammar enforces "
+            f"{', '.join(sorted(_STRING_FORMATS))}",
+        )
+    if ("pattern" in node or "format" in node) and ("minLength" in node or "maxLength" in node):
+        raise ConstraintError(
+            "json",
+            f"minLength/maxLength beside pattern or format (at {where}) is not supported: xgrammar "
+            "enforces the pattern or format alone",
+        )
+    for key, value in node.items():
+        if key in _DATA_KEYWORDS:
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            for name, schema in value.items():
+                _check_features(schema, f"{at}/{key}/{name}")
+        else:
+            _check_features(value, f"{at}/{key}")
 
 
 class GatedGrammar:

@@ -62,12 +62,23 @@ UNCOMPILABLE = [
     ({"json": _nested(150)}, "json", "nests more than 100 levels"),  # compiled for seconds
     ({"json": '{"items": ' * 5000 + "{}" + "}" * 5000}, "json", "nests more than 100 levels"),
     ({"json": {"type": "string", "pattern": "[a-z]{3000}"}}, "json", "internal check"),
+    # keywords xgrammar compiles but does not enforce: refused by name, as vLLM's xgrammar backend refuses them
+    ({"json": {"type": "integer", "multipleOf": 3}}, "json", "'multipleOf' (at /)"),
+    (
+        {"json": {"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}},
+        "json",
+        "'uniqueItems' (at /properties/a)",
+    ),
+    ({"json": {"type": "object", "patternProperties": {"^a": {}}}}, "json", "'patternProperties'"),
+    ({"json": {"type": "string", "format": "credit-card"}}, "json", "format 'credit-card'"),
+    ({"json": {"type": "string", "pattern": "a+", "maxLength": 3}}, "json", "maxLength"),
     ({"regex": "a("}, "regex", "parenthesis"),
     ({"regex": "(?=a)a"}, "regex", "Lookahead"),
     ({"regex": "[^\\x00-\\U0010FFFF]"}, "regex", "no output satisfies it"),
     ({"grammar": "root ::= ("}, "grammar", "EBNF"),
     ({"grammar": 'foo ::= "a"'}, "grammar", "root"),
     ({"grammar": "root ::= foo"}, "grammar", "foo"),
+    ({"grammar": 'start: "a" | "b"'}, "grammar", "looks like a Lark grammar"),
 ]
 
 
@@ -145,6 +156,20 @@ def test_constraints_that_cannot_run_are_refused_in_a_batch_and_nothing_runs(
     assert message.startswith(f"prompt 1: structured_outputs.{kind} does not compile: "), message
     assert says in message and ".cc:" not in message and "Check failed" not in message, message
     assert_nothing_held(llm.engine)
+
+
+def test_keyword_names_in_properties_and_data_are_not_refused(llms):
+    """Only keywords of a schema are checked: a property named "multipleOf", or one in an enum's value, runs."""
+    schema = {
+        "type": "object",
+        "properties": {"multipleOf": {"enum": [{"uniqueItems": 1}]}},
+        "required": ["multipleOf"],
+    }
+    sp = SamplingParams(
+        temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema)
+    )
+    output = llms("none").generate(["x = "], sp)[0]
+    assert json.loads(output.text) == {"multipleOf": {"uniqueItems": 1}}, output.text
 
 
 def test_an_empty_schema_allows_any_json_value(llms):
