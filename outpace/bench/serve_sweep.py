@@ -105,23 +105,32 @@ def run_serve_sweep(model_dir: Path, out_dir: Path, cfg: SweepConfig = SweepConf
         args = serve_command(model_dir / "tinypy", specs[method], cfg)
         result["servers"][method] = shlex.join(["outpace", "serve", *args])
         t0 = time.perf_counter()
-        with LocalServer(*args, log_path=out_dir / f"serve_{method}.log") as server:
+        log = out_dir / f"serve_{method}.log"
+        with LocalServer(*args, log_path=log) as server:
             server.wait_ready(cfg.ready_timeout_s)
             print(
                 f"{method}: server ready in {time.perf_counter() - t0:.0f} s; warm-up", flush=True
             )
-            run_load(
-                server.url,
-                warmup,
-                max(cfg.concurrency),
-                cfg.temperature,
-                chat=cfg.chat,
-                ignore_eos=True,
+            served(
+                run_load(
+                    server.url,
+                    warmup,
+                    max(cfg.concurrency),
+                    cfg.temperature,
+                    chat=cfg.chat,
+                    ignore_eos=True,
+                ),
+                method,
+                log,
             )
             for c in cfg.concurrency:
                 before = scrape_metrics(server.url)
-                row = run_load(
-                    server.url, levels[c], c, cfg.temperature, chat=cfg.chat, ignore_eos=True
+                row = served(
+                    run_load(
+                        server.url, levels[c], c, cfg.temperature, chat=cfg.chat, ignore_eos=True
+                    ),
+                    method,
+                    log,
                 )
                 server.check_alive()
                 row = {
@@ -138,6 +147,20 @@ def run_serve_sweep(model_dir: Path, out_dir: Path, cfg: SweepConfig = SweepConf
     plot_sweep(result, out_dir / "serve_sweep.png")
     print(format_table(result))
     return result
+
+
+class NothingServed(RuntimeError):
+    """A server of the sweep answered every request of a load level with an error."""
+
+
+def served(level: dict, method: str, log: Path) -> dict:
+    """``level`` (``run_load``'s figures), unless every request of it failed: then ``NothingServed`` with their
+    errors and the server's log, where a sweep of nothing served would end in a plot of no figures."""
+    if level["num_requests"] and level["num_failed"] == level["num_requests"]:
+        raise NothingServed(
+            f"{method}: every request failed ({'; '.join(level['errors'])}); the server's log: {log}"
+        )
+    return level
 
 
 def _write(result: dict, out_dir: Path) -> None:

@@ -162,7 +162,7 @@ def serve_flags(text: str) -> tuple[str, ...]:
 
 def sweep_servers(a: argparse.Namespace) -> None:
     """``bench serve --sweep``: start a server per method and load each at every concurrency."""
-    from outpace.bench.serve_sweep import SweepConfig, run_serve_sweep
+    from outpace.bench.serve_sweep import NothingServed, SweepConfig, run_serve_sweep
 
     if a.min_tokens > a.max_tokens:
         raise ValueError(f"--min-tokens {a.min_tokens} is more than --max-tokens {a.max_tokens}")
@@ -195,7 +195,7 @@ def sweep_servers(a: argparse.Namespace) -> None:
     try:
         run_serve_sweep(model_dir, Path(a.out or "benchmarks"), config)
     except RuntimeError as e:
-        # (a server that refused its flags: bench/local_server.py ``check_alive``)
-        if not str(e).startswith("the server exited"):
+        # (a server that refused its flags: bench/local_server.py ``check_alive``; or its every request)
+        if not (isinstance(e, NothingServed) or str(e).startswith("the server exited")):
             raise
         raise ValueError(f"bench serve --sweep: {e}") from None

@@ -403,6 +403,42 @@ def test_bench_serve_sweep_ends_with_the_error_of_a_server_that_exited(monkeypat
     )
 
 
+def test_bench_serve_sweep_names_a_server_that_served_no_request(monkeypatch, tmp_path):
+    """Every request refused (e.g. --serve-args "--num-kv-blocks 1"): the sweep ended in matplotlib's "Data cannot
+    be log-scaled" instead of the requests' errors."""
+    import outpace.bench.serve_sweep as serve_sweep
+
+    class Server:  # (LocalServer, started: its requests below all fail)
+        url = "http://127.0.0.1:1"
+
+        def __init__(self, *args, log_path):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_ready(self, timeout):
+            pass
+
+        def check_alive(self):
+            pass
+
+    def refused(url, requests, *args, **kwargs):
+        return {"num_requests": len(requests), "num_failed": len(requests), "errors": ["HTTP 400"]}
+
+    monkeypatch.setattr(serve_sweep, "LocalServer", Server)
+    monkeypatch.setattr(serve_sweep, "run_load", refused)
+    monkeypatch.setattr(serve_sweep, "scrape_metrics", lambda url: {})
+    argv = ["bench", "serve", "--sweep", "--model-dir", str(zoo_dir()), "--out", str(tmp_path)]
+    assert error_of([*argv, "--methods", "none"]) == (
+        f"error: bench serve --sweep: none: every request failed (HTTP 400); the server's log: "
+        f"{tmp_path / 'serve_none.log'}"
+    )
+
+
 @pytest.mark.parametrize(
     "fields, error",
     [
